@@ -1,0 +1,163 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Entry points of the native engine. Python decides sizes, budgets and
+deadlines; everything per packet happens in C with the GIL released."""
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memset
+
+from native cimport *
+
+HEADER_BYTES = UDT_WIRE_HEADER_BYTES
+WIRE_MAGIC = UDT_WIRE_MAGIC
+WIRE_VERSION = UDT_WIRE_VERSION
+MAX_WORLD_SIZE = UDT_MAX_WORLD
+
+STATUS_OK = UDT_OK
+STATUS_LOSS_BUDGET = UDT_ERR_LOSS_BUDGET
+STATUS_PEER_TIMEOUT = UDT_ERR_PEER_TIMEOUT
+STATUS_INVALID_ARGUMENT = UDT_ERR_INVALID_ARGUMENT
+STATUS_TRANSPORT = UDT_ERR_TRANSPORT
+STATUS_NO_MEMORY = UDT_ERR_NO_MEMORY
+STATUS_LAYOUT_MISMATCH = UDT_ERR_LAYOUT_MISMATCH
+
+
+cdef class Transport:
+    """A datagram transport not yet handed to an engine."""
+    cdef udt_transport *ptr
+
+    def __dealloc__(self):
+        if self.ptr is not NULL:
+            udt_transport_destroy(self.ptr)
+            self.ptr = NULL
+
+    @staticmethod
+    def udp(str bind_address, int port, uint32_t socket_buffer_bytes):
+        cdef char error[256]
+        cdef Transport t = Transport.__new__(Transport)
+        encoded = bind_address.encode()
+        cdef const char *address = encoded
+        memset(error, 0, sizeof(error))
+        t.ptr = udt_udp_open(address, <uint16_t>port, socket_buffer_bytes, error, sizeof(error))
+        if t.ptr is NULL:
+            raise OSError(error.decode(errors="replace"))
+        return t
+
+    def inject_loss(self, int kind, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0,
+                    double loss_in_good=0.0, double loss_in_bad=0.0, uint64_t seed=0):
+        """Wrap this transport's receive path in a seeded loss model."""
+        cdef udt_loss_model model
+        self._check_open()
+        model.kind = kind
+        model.loss = loss
+        model.good_to_bad = good_to_bad
+        model.bad_to_good = bad_to_good
+        model.loss_in_good = loss_in_good
+        model.loss_in_bad = loss_in_bad
+        model.seed = seed
+        wrapped = udt_lossy_wrap(self.ptr, &model)
+        if wrapped is NULL:
+            raise MemoryError("cannot allocate the loss-injection wrapper")
+        self.ptr = wrapped
+
+    def _check_open(self):
+        if self.ptr is NULL:
+            raise ValueError("transport already handed to an engine or closed")
+
+    @property
+    def address(self):
+        self._check_open()
+        return bytes(self.ptr.address[:self.ptr.address_bytes])
+
+    @property
+    def max_datagram_bytes(self):
+        self._check_open()
+        return self.ptr.max_datagram_bytes
+
+
+cdef class RingEngine:
+    """One rank's ring allreduce engine; owns its transport."""
+    cdef udt_comm *comm
+    cdef readonly uint32_t rank, world_size, chunk_bytes
+
+    def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
+                  uint32_t chunk_bytes, uint32_t window_bytes, uint32_t end_repeats,
+                  uint32_t credit_refresh_us, uint32_t reorder_grace_us):
+        cdef char error[320]
+        cdef udt_engine_options options
+        transport._check_open()
+        options.chunk_bytes = chunk_bytes
+        options.window_bytes = window_bytes
+        options.end_repeats = end_repeats
+        options.credit_refresh_us = credit_refresh_us
+        options.reorder_grace_us = reorder_grace_us
+        memset(error, 0, sizeof(error))
+        self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &options, error, sizeof(error))
+        if self.comm is NULL:
+            raise ValueError(error.decode(errors="replace"))
+        transport.ptr = NULL  # the engine owns it now
+        self.rank = rank
+        self.world_size = world_size
+        self.chunk_bytes = chunk_bytes
+
+    def __dealloc__(self):
+        self.close()
+
+    def close(self):
+        if self.comm is not NULL:
+            udt_comm_destroy(self.comm)
+            self.comm = NULL
+
+    def set_peers(self, bytes addresses, uint32_t address_bytes):
+        if self.comm is NULL:
+            raise ValueError("engine is closed")
+        cdef const uint8_t *data = addresses
+        if udt_comm_set_peers(self.comm, data, address_bytes) < 0:
+            raise OSError(udt_comm_error(self.comm).decode(errors="replace"))
+
+    def allreduce(self, uintptr_t data, uint64_t count, int dtype, int op, int estimator,
+                  double loss_budget, double deadline_s):
+        """Run one allreduce on `count` elements at address `data`, in place.
+        Returns (status, stats dict, message). The buffer is written only
+        when status is STATUS_OK."""
+        if self.comm is NULL:
+            raise ValueError("engine is closed")
+        cdef udt_allreduce_args args
+        cdef udt_allreduce_stats stats
+        cdef int status
+        args.data = <void *>data
+        args.count = count
+        args.dtype = dtype
+        args.op = op
+        args.estimator = estimator
+        args.loss_budget = loss_budget
+        args.deadline_s = deadline_s
+        with nogil:
+            status = udt_allreduce(self.comm, &args, &stats)
+        message = udt_comm_error(self.comm).decode(errors="replace") if status != UDT_OK else ""
+        return status, stats, message
+
+
+def verbs_active_device_count():
+    """Number of RDMA devices with an active port (0 without kernel RDMA)."""
+    with nogil:
+        count = udt_verbs_active_device_count()
+    return count
+
+
+# Pure helpers, exported so tests can check the C arithmetic on its own.
+def segment_start(uint64_t count, uint32_t world_size, uint32_t segment):
+    return udt_segment_start(count, world_size, segment)
+
+def send_segment(uint32_t rank, uint32_t world_size, uint32_t global_step):
+    return udt_send_segment(rank, world_size, global_step)
+
+def recv_segment(uint32_t rank, uint32_t world_size, uint32_t global_step):
+    return udt_recv_segment(rank, world_size, global_step)
+
+def float_to_half_bits(float value):
+    return udt_float_to_half(value)
+
+def half_bits_to_float(uint16_t bits):
+    return udt_half_to_float(bits)
+
+def float_to_bfloat16_bits(float value):
+    return udt_float_to_bfloat16(value)

@@ -1,0 +1,105 @@
+# Declarations of the C engine (native/), C names unchanged.
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
+
+cdef extern from "transport.h" nogil:
+    struct udt_transport:
+        uint32_t max_datagram_bytes
+        uint32_t address_bytes
+        uint8_t address[64]
+        uint64_t counter_injected_drops
+        char error[256]
+
+    enum:
+        UDT_LOSS_NONE
+        UDT_LOSS_BERNOULLI
+        UDT_LOSS_GILBERT_ELLIOTT
+
+    struct udt_loss_model:
+        int kind
+        double loss
+        double good_to_bad
+        double bad_to_good
+        double loss_in_good
+        double loss_in_bad
+        uint64_t seed
+
+    udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes)
+    udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
+    void udt_transport_destroy(udt_transport *t)
+
+cdef extern from "ring_allreduce.h" nogil:
+    enum:
+        UDT_MAX_WORLD
+        UDT_OK
+        UDT_ERR_LOSS_BUDGET
+        UDT_ERR_PEER_TIMEOUT
+        UDT_ERR_INVALID_ARGUMENT
+        UDT_ERR_TRANSPORT
+        UDT_ERR_NO_MEMORY
+        UDT_ERR_LAYOUT_MISMATCH
+
+    struct udt_engine_options:
+        uint32_t chunk_bytes
+        uint32_t window_bytes
+        uint32_t end_repeats
+        uint32_t credit_refresh_us
+        uint32_t reorder_grace_us
+
+    struct udt_allreduce_stats:
+        double delivered_fraction
+        uint64_t chunks_total
+        uint64_t chunks_lost
+        uint64_t datagrams_sent
+        uint64_t datagrams_received
+        uint64_t dropped_stale
+        uint64_t dropped_duplicate
+        uint64_t dropped_foreign
+        uint64_t dropped_invalid
+        uint64_t dropped_early
+        uint64_t injected_drops
+        double elapsed_s
+        double deadline_s
+        uint32_t sequence
+        uint32_t steps_timed_out
+        int32_t silent_rank
+        int32_t mismatched_rank
+        int32_t deadline_expired
+
+    struct udt_allreduce_args:
+        void *data
+        uint64_t count
+        int dtype
+        int op
+        int estimator
+        double loss_budget
+        double deadline_s
+
+    struct udt_comm:
+        pass
+
+    udt_comm *udt_comm_create(udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
+                              const udt_engine_options *options, char *error, int error_bytes)
+    void udt_comm_destroy(udt_comm *comm)
+    int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
+    int udt_allreduce(udt_comm *comm, const udt_allreduce_args *args, udt_allreduce_stats *stats)
+    const char *udt_comm_error(const udt_comm *comm)
+
+cdef extern from "wire.h" nogil:
+    enum:
+        UDT_WIRE_HEADER_BYTES
+        UDT_WIRE_MAGIC
+        UDT_WIRE_VERSION
+
+cdef extern from "ring_geometry.h" nogil:
+    uint64_t udt_segment_start(uint64_t count, uint32_t world_size, uint32_t segment)
+    uint32_t udt_send_segment(uint32_t rank, uint32_t world_size, uint32_t global_step)
+    uint32_t udt_recv_segment(uint32_t rank, uint32_t world_size, uint32_t global_step)
+
+cdef extern from "elementwise.h" nogil:
+    uint16_t udt_float_to_half(float value)
+    float udt_half_to_float(uint16_t bits)
+    uint16_t udt_float_to_bfloat16(float value)
+    float udt_bfloat16_to_float(uint16_t bits)
+
+cdef extern from "verbs_probe.h" nogil:
+    int udt_verbs_active_device_count()

@@ -1,0 +1,213 @@
+#include "elementwise.h"
+
+#include <math.h>
+#include <string.h>
+
+size_t udt_wire_elem_bytes(int dtype)
+{
+    switch (dtype) {
+    case UDT_FLOAT64: return 8;
+    case UDT_FLOAT16:
+    case UDT_BFLOAT16: return 2;
+    default: return 4;
+    }
+}
+
+size_t udt_accum_elem_bytes(int dtype) { return dtype == UDT_FLOAT64 ? 8 : 4; }
+
+static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* IEEE binary16, round to nearest even, with subnormals, infinities and NaN. */
+uint16_t udt_float_to_half(float value)
+{
+    uint32_t x = float_bits(value);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t abs = x & 0x7fffffffu;
+    if (abs >= 0x7f800000u) /* inf or nan */
+        return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0);
+    if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return sign | 0x7c00u;
+    if (abs < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        if (abs < 0x33000000u)
+            return sign;
+        uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - (abs >> 23); /* 14..24: value * 2^24 */
+        uint32_t half = mantissa >> shift;
+        uint32_t rest = mantissa & ((1u << shift) - 1);
+        uint32_t midpoint = 1u << (shift - 1);
+        if (rest > midpoint || (rest == midpoint && (half & 1)))
+            half++;
+        return sign | (uint16_t)half;
+    }
+    uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u); /* round to nearest even at bit 13 */
+    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
+}
+
+float udt_half_to_float(uint16_t bits)
+{
+    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
+    uint32_t exponent = (bits >> 10) & 0x1fu;
+    uint32_t mantissa = bits & 0x3ffu;
+    if (exponent == 0x1f)
+        return bits_float(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * (1.0f / 16777216.0f); /* 2^-24 */
+        return sign ? -magnitude : magnitude;
+    }
+    return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+uint16_t udt_float_to_bfloat16(float value)
+{
+    uint32_t x = float_bits(value);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u); /* keep NaN a NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float udt_bfloat16_to_float(uint16_t bits) { return bits_float((uint32_t)bits << 16); }
+
+void udt_load(int dtype, void *accum, const void *src, size_t count)
+{
+    float *acc = accum;
+    const uint16_t *half = src;
+    switch (dtype) {
+    case UDT_FLOAT16:
+        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(half[i]);
+        break;
+    case UDT_BFLOAT16:
+        for (size_t i = 0; i < count; i++) acc[i] = udt_bfloat16_to_float(half[i]);
+        break;
+    default:
+        memcpy(accum, src, count * udt_wire_elem_bytes(dtype));
+    }
+}
+
+void udt_pack(int dtype, void *wire, const void *accum, size_t count)
+{
+    const float *acc = accum;
+    uint16_t *half = wire;
+    switch (dtype) {
+    case UDT_FLOAT16:
+        for (size_t i = 0; i < count; i++) half[i] = udt_float_to_half(acc[i]);
+        break;
+    case UDT_BFLOAT16:
+        for (size_t i = 0; i < count; i++) half[i] = udt_float_to_bfloat16(acc[i]);
+        break;
+    default:
+        memcpy(wire, accum, count * udt_wire_elem_bytes(dtype));
+    }
+}
+
+void udt_unpack(int dtype, void *accum, const void *wire, size_t count) { udt_load(dtype, accum, wire, count); }
+
+void udt_add(int dtype, void *accum, const void *wire, size_t count)
+{
+    switch (dtype) {
+    case UDT_FLOAT32: {
+        float *restrict acc = accum;
+        const float *restrict in = wire;
+        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        break;
+    }
+    case UDT_FLOAT64: {
+        double *restrict acc = accum;
+        const double *restrict in = wire;
+        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        break;
+    }
+    case UDT_FLOAT16: {
+        float *restrict acc = accum;
+        const uint16_t *restrict in = wire;
+        for (size_t i = 0; i < count; i++) acc[i] += udt_half_to_float(in[i]);
+        break;
+    }
+    case UDT_BFLOAT16: {
+        float *restrict acc = accum;
+        const uint16_t *restrict in = wire;
+        for (size_t i = 0; i < count; i++) acc[i] += udt_bfloat16_to_float(in[i]);
+        break;
+    }
+    case UDT_INT32: {
+        /* unsigned arithmetic: wraps like numpy and torch, without undefined behaviour */
+        uint32_t *restrict acc = accum;
+        const uint32_t *restrict in = wire;
+        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        break;
+    }
+    }
+}
+
+static inline int32_t round_to_int32(double value)
+{
+    double r = nearbyint(value);
+    if (r >= 2147483647.0) return INT32_MAX;
+    if (r <= -2147483648.0) return INT32_MIN;
+    if (r != r) return 0;
+    return (int32_t)r;
+}
+
+void udt_scale(int dtype, void *accum, size_t count, double factor)
+{
+    if (factor == 1.0)
+        return;
+    if (dtype == UDT_FLOAT64) {
+        double *acc = accum;
+        for (size_t i = 0; i < count; i++) acc[i] *= factor;
+    } else if (dtype == UDT_INT32) {
+        int32_t *acc = accum;
+        for (size_t i = 0; i < count; i++) acc[i] = round_to_int32(acc[i] * factor);
+    } else {
+        float *acc = accum;
+        float f = (float)factor;
+        for (size_t i = 0; i < count; i++) acc[i] *= f;
+    }
+}
+
+void udt_store(int dtype, void *dst, const void *accum, size_t count, double factor)
+{
+    if (factor == 0.0) {
+        memset(dst, 0, count * udt_wire_elem_bytes(dtype));
+        return;
+    }
+    switch (dtype) {
+    case UDT_FLOAT32: {
+        float *out = dst;
+        const float *acc = accum;
+        float f = (float)factor;
+        if (factor == 1.0) memcpy(out, acc, count * 4);
+        else for (size_t i = 0; i < count; i++) out[i] = acc[i] * f;
+        break;
+    }
+    case UDT_FLOAT64: {
+        double *out = dst;
+        const double *acc = accum;
+        if (factor == 1.0) memcpy(out, acc, count * 8);
+        else for (size_t i = 0; i < count; i++) out[i] = acc[i] * factor;
+        break;
+    }
+    case UDT_FLOAT16: {
+        uint16_t *out = dst;
+        const float *acc = accum;
+        float f = (float)factor;
+        for (size_t i = 0; i < count; i++) out[i] = udt_float_to_half(acc[i] * f);
+        break;
+    }
+    case UDT_BFLOAT16: {
+        uint16_t *out = dst;
+        const float *acc = accum;
+        float f = (float)factor;
+        for (size_t i = 0; i < count; i++) out[i] = udt_float_to_bfloat16(acc[i] * f);
+        break;
+    }
+    case UDT_INT32: {
+        int32_t *out = dst;
+        const int32_t *acc = accum;
+        if (factor == 1.0) memcpy(out, acc, count * 4);
+        else for (size_t i = 0; i < count; i++) out[i] = round_to_int32(acc[i] * factor);
+        break;
+    }
+    }
+}

@@ -1,0 +1,40 @@
+/* Element types and the few element-wise kernels the engine needs. The
+ * engine keeps partial sums in an "accumulator" type (float32 for 16-bit
+ * floats) and sends the caller's own type on the wire. */
+#ifndef UDT_ELEMENTWISE_H
+#define UDT_ELEMENTWISE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum udt_dtype {
+    UDT_FLOAT32 = 0,
+    UDT_FLOAT64 = 1,
+    UDT_FLOAT16 = 2,
+    UDT_BFLOAT16 = 3,
+    UDT_INT32 = 4,
+    UDT_DTYPE_COUNT = 5,
+};
+
+size_t udt_wire_elem_bytes(int dtype);  /* bytes per element in the caller's tensor and on the wire */
+size_t udt_accum_elem_bytes(int dtype); /* bytes per element in the scratch accumulator */
+
+/* accumulator <- caller's type */
+void udt_load(int dtype, void *accum, const void *src, size_t count);
+/* wire <- accumulator (identity copy where the types match) */
+void udt_pack(int dtype, void *wire, const void *accum, size_t count);
+/* accumulator += wire */
+void udt_add(int dtype, void *accum, const void *wire, size_t count);
+/* accumulator <- wire */
+void udt_unpack(int dtype, void *accum, const void *wire, size_t count);
+/* accumulator *= factor (integers round to nearest) */
+void udt_scale(int dtype, void *accum, size_t count, double factor);
+/* dst (caller's type) <- accumulator * factor; factor 0 writes zeros */
+void udt_store(int dtype, void *dst, const void *accum, size_t count, double factor);
+
+uint16_t udt_float_to_half(float value);
+float udt_half_to_float(uint16_t bits);
+uint16_t udt_float_to_bfloat16(float value);
+float udt_bfloat16_to_float(uint16_t bits);
+
+#endif

@@ -1,0 +1,94 @@
+/* Wire format of every ud_transport datagram: one fixed header, then payload.
+ * All fields are little-endian on the wire; encode/decode convert explicitly so
+ * the format does not depend on the host. */
+#ifndef UDT_WIRE_H
+#define UDT_WIRE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define UDT_WIRE_MAGIC 0x31544455u /* "UDT1" read as little-endian */
+#define UDT_WIRE_VERSION 1u
+#define UDT_WIRE_HEADER_BYTES 44u
+#define UDT_NO_RANK 0xFFFFu
+
+enum udt_kind {
+    UDT_KIND_DATA = 1,   /* a chunk of a segment */
+    UDT_KIND_END = 2,    /* sender finished a step: missing chunks of it are lost */
+    UDT_KIND_CREDIT = 3, /* receiver -> its upstream: you may send positions < credit */
+};
+
+enum udt_phase {
+    UDT_PHASE_REDUCE_SCATTER = 0,
+    UDT_PHASE_ALL_GATHER = 1,
+};
+
+struct udt_wire_header {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t kind;
+    uint8_t phase;
+    uint8_t flags;          /* reserved, must be 0 */
+    uint64_t session_id;    /* random, agreed at rendezvous */
+    uint32_t sequence;      /* collective call number on this communicator */
+    uint16_t step;          /* step within the phase */
+    uint16_t source_rank;
+    uint32_t chunk_index;   /* chunk within the segment */
+    uint16_t contributions; /* how many ranks' inputs the payload sums */
+    uint16_t silent_rank;   /* a rank the sender knows is silent, or UDT_NO_RANK */
+    uint32_t payload_bytes;
+    uint32_t layout_tag;    /* hash of element count, dtype, op, chunk size */
+    uint32_t credit;        /* CREDIT only: first position the sender may not send */
+};
+
+static inline void udt_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void udt_put32(uint8_t *p, uint32_t v) { udt_put16(p, (uint16_t)v); udt_put16(p + 2, (uint16_t)(v >> 16)); }
+static inline void udt_put64(uint8_t *p, uint64_t v) { udt_put32(p, (uint32_t)v); udt_put32(p + 4, (uint32_t)(v >> 32)); }
+static inline uint16_t udt_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t udt_get32(const uint8_t *p) { return udt_get16(p) | ((uint32_t)udt_get16(p + 2) << 16); }
+static inline uint64_t udt_get64(const uint8_t *p) { return udt_get32(p) | ((uint64_t)udt_get32(p + 4) << 32); }
+
+static inline void udt_wire_encode(const struct udt_wire_header *h, uint8_t out[UDT_WIRE_HEADER_BYTES])
+{
+    udt_put32(out + 0, h->magic);
+    out[4] = h->version;
+    out[5] = h->kind;
+    out[6] = h->phase;
+    out[7] = h->flags;
+    udt_put64(out + 8, h->session_id);
+    udt_put32(out + 16, h->sequence);
+    udt_put16(out + 20, h->step);
+    udt_put16(out + 22, h->source_rank);
+    udt_put32(out + 24, h->chunk_index);
+    udt_put16(out + 28, h->contributions);
+    udt_put16(out + 30, h->silent_rank);
+    udt_put32(out + 32, h->payload_bytes);
+    udt_put32(out + 36, h->layout_tag);
+    udt_put32(out + 40, h->credit);
+}
+
+/* Returns 0 when the bytes are long enough to hold a header, -1 otherwise.
+ * Field validation is the engine's job: it knows what is in range. */
+static inline int udt_wire_decode(const uint8_t *in, uint32_t len, struct udt_wire_header *h)
+{
+    if (len < UDT_WIRE_HEADER_BYTES)
+        return -1;
+    h->magic = udt_get32(in + 0);
+    h->version = in[4];
+    h->kind = in[5];
+    h->phase = in[6];
+    h->flags = in[7];
+    h->session_id = udt_get64(in + 8);
+    h->sequence = udt_get32(in + 16);
+    h->step = udt_get16(in + 20);
+    h->source_rank = udt_get16(in + 22);
+    h->chunk_index = udt_get32(in + 24);
+    h->contributions = udt_get16(in + 28);
+    h->silent_rank = udt_get16(in + 30);
+    h->payload_bytes = udt_get32(in + 32);
+    h->layout_tag = udt_get32(in + 36);
+    h->credit = udt_get32(in + 40);
+    return 0;
+}
+
+#endif

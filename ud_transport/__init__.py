@@ -1,0 +1,72 @@
+"""ud_transport: collectives for distributed training over unreliable datagrams.
+
+    import ud_transport
+    ud_transport.init()                        # torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    stats = ud_transport.allreduce(tensor, loss_budget=0.1)
+"""
+import logging
+import os
+
+from . import loss_models
+from .communicator import Communicator
+from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
+from .loss_models import Bernoulli, GilbertElliott
+from .options import Options
+from .stats import AllreduceStats
+
+__all__ = [
+    "init", "allreduce", "get_default", "close", "Communicator", "AllreduceStats", "Options",
+    "TransportError", "LossBudgetExceeded", "PeerTimeout", "LayoutMismatch", "Bernoulli", "GilbertElliott",
+]
+__version__ = "0.1.0"
+
+logging.getLogger("ud_transport").addHandler(logging.NullHandler())
+
+_default = None
+
+
+def init(rank=None, world_size=None, *, store=None, transport="auto", **options):
+    """Create a Communicator and make it the default one.
+
+    With no arguments, reads torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT. `store` is any torch.distributed Store; without one a TCPStore
+    at MASTER_ADDR:MASTER_PORT is used. `transport` is "auto", "udp" or
+    "verbs" (UD_TRANSPORT overrides). Other keywords are Options fields, e.g.
+    chunk_bytes=, deadline_cap_s=, inject=Bernoulli(0.1, seed=1)."""
+    global _default
+    from . import options as options_module
+    from . import rendezvous
+
+    rank = int(os.environ["RANK"]) if rank is None and "RANK" in os.environ else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None and "WORLD_SIZE" in os.environ else world_size
+    if rank is None or world_size is None:
+        raise ValueError("init() needs rank and world_size, or RANK and WORLD_SIZE in the environment")
+    if "inject" not in options:
+        options["inject"] = loss_models.from_environment()
+    resolved = options_module.build(**options)
+    if store is None:
+        store = rendezvous.store_from_environment(rank, world_size, resolved.store_timeout_s)
+    communicator = Communicator(rank, world_size, store, transport, resolved)
+    if _default is not None:
+        _default.close()
+    _default = communicator
+    return communicator
+
+
+def get_default():
+    if _default is None or _default.closed:
+        raise TransportError("no default communicator: call ud_transport.init() first")
+    return _default
+
+
+def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None):
+    """Allreduce on the default communicator (see Communicator.allreduce)."""
+    return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator)
+
+
+def close():
+    """Close the default communicator, if any."""
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None

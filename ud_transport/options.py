@@ -1,0 +1,62 @@
+"""Communicator options: keyword arguments to init(), or environment variables
+for scripts. Keyword arguments win over the environment."""
+import os
+from dataclasses import dataclass, field, fields, replace
+
+MIB = 1 << 20
+
+# option name -> environment variable
+ENVIRONMENT = {
+    "chunk_bytes": "UD_CHUNK_BYTES",
+    "window_bytes": "UD_WINDOW_BYTES",
+    "socket_buffer_bytes": "UD_SOCKET_BUFFER_BYTES",
+    "bind_address": "UD_BIND_ADDRESS",
+    "deadline_cap_s": "UD_DEADLINE_CAP",
+    "default_loss_budget": "UD_LOSS_BUDGET",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    chunk_bytes: int = 0  # payload per datagram; 0 = the largest the path MTU allows
+    window_bytes: int = 8 * MIB  # data an upstream may have in flight to us
+    socket_buffer_bytes: int = 64 * MIB
+    end_repeats: int = 2  # copies of each end-of-step marker
+    credit_refresh_us: int = 2000
+    reorder_grace_us: int = 200
+    deadline_cap_s: float = 30.0  # the adaptive default deadline never exceeds this
+    deadline_floor_s: float = 0.5
+    deadline_multiplier: float = 4.0  # default deadline = multiplier x recent typical time
+    default_loss_budget: float = 0.1
+    estimator: str = "unbiased"  # or "zero_fill", a biased baseline for experiments
+    bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
+    store_timeout_s: float = 300.0
+    inject: object = field(default=None)  # a loss model from ud_transport.loss_models
+
+    def validate(self):
+        if self.chunk_bytes < 0:
+            raise ValueError("chunk_bytes must be >= 0")
+        if self.window_bytes <= 0 or self.socket_buffer_bytes <= 0:
+            raise ValueError("window_bytes and socket_buffer_bytes must be positive")
+        if not 0 <= self.default_loss_budget <= 1:
+            raise ValueError("default_loss_budget must be in [0, 1]")
+        if self.deadline_cap_s <= 0 or self.deadline_floor_s <= 0:
+            raise ValueError("deadlines must be positive")
+        if self.end_repeats < 1:
+            raise ValueError("end_repeats must be at least 1")
+        return self
+
+
+def build(**overrides):
+    """Options from the environment, then `overrides` (unknown names are an error)."""
+    known = {f.name: f for f in fields(Options)}
+    unknown = set(overrides) - set(known)
+    if unknown:
+        raise TypeError(f"unknown ud_transport option(s): {', '.join(sorted(unknown))}")
+    values = {}
+    for name, variable in ENVIRONMENT.items():
+        if variable in os.environ:
+            default = getattr(Options, name)
+            values[name] = type(default)(os.environ[variable])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return replace(Options(), **values).validate()

@@ -1,0 +1,70 @@
+"""Find the raw memory behind a numpy array or a CPU torch tensor, without
+copying it, and check that the engine can work on it in place."""
+import sys
+
+DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4}
+OP_CODES = {"sum": 0, "mean": 1, "avg": 1}
+ESTIMATOR_CODES = {"unbiased": 0, "zero_fill": 1}
+
+
+class TensorView:
+    __slots__ = ("address", "count", "dtype_name", "dtype_code", "element_bytes")
+
+    def __init__(self, address, count, dtype_name, element_bytes):
+        if dtype_name not in DTYPE_CODES:
+            supported = ", ".join(DTYPE_CODES)
+            raise TypeError(f"dtype {dtype_name} is not supported by allreduce (supported: {supported})")
+        self.address = address
+        self.count = count
+        self.dtype_name = dtype_name
+        self.dtype_code = DTYPE_CODES[dtype_name]
+        self.element_bytes = element_bytes
+
+    @property
+    def nbytes(self):
+        return self.count * self.element_bytes
+
+
+def _numpy_view(array):
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise ValueError("allreduce needs a contiguous array (use numpy.ascontiguousarray and copy the result back)")
+    if not array.flags.writeable:
+        raise ValueError("allreduce works in place and the array is read-only")
+    return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize)
+
+
+def _torch_view(tensor):
+    if tensor.device.type != "cpu":
+        raise ValueError(f"allreduce takes CPU tensors here, got one on {tensor.device}; "
+                         "use ud_transport.torch for device tensors")
+    if not tensor.is_contiguous():
+        raise ValueError("allreduce needs a contiguous tensor (call .contiguous() and copy the result back)")
+    if tensor.is_sparse or tensor.is_quantized:
+        raise TypeError("allreduce takes dense, non-quantized tensors")
+    name = str(tensor.dtype).removeprefix("torch.")
+    return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size())
+
+
+def view_of(tensor):
+    """A TensorView of `tensor`, or a clear TypeError/ValueError."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        return _torch_view(tensor)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(tensor, numpy.ndarray):
+        return _numpy_view(tensor)
+    raise TypeError(f"allreduce takes a numpy array or a torch tensor, got {type(tensor).__name__}")
+
+
+def op_code(op):
+    try:
+        return OP_CODES[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"op must be one of {sorted(OP_CODES)}, got {op!r}") from None
+
+
+def estimator_code(estimator):
+    try:
+        return ESTIMATOR_CODES[estimator]
+    except (KeyError, TypeError):
+        raise ValueError(f"estimator must be one of {sorted(ESTIMATOR_CODES)}, got {estimator!r}") from None
