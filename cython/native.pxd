@@ -61,6 +61,8 @@ cdef extern from "ring_allreduce.h" nogil:
         double deadline_s
         uint32_t sequence
         uint32_t steps_timed_out
+        uint32_t idle_waits
+        uint32_t credit_stalls
         int32_t silent_rank
         int32_t mismatched_rank
         int32_t deadline_expired

@@ -140,6 +140,42 @@ void udt_add(int dtype, void *accum, const void *wire, size_t count)
     }
 }
 
+void udt_add_into(int dtype, void *accum, const void *input, const void *wire, size_t count)
+{
+    switch (dtype) {
+    case UDT_FLOAT32: {
+        float *restrict acc = accum;
+        const float *restrict a = input, *restrict b = wire;
+        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        break;
+    }
+    case UDT_FLOAT64: {
+        double *restrict acc = accum;
+        const double *restrict a = input, *restrict b = wire;
+        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        break;
+    }
+    case UDT_FLOAT16: {
+        float *restrict acc = accum;
+        const uint16_t *restrict a = input, *restrict b = wire;
+        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(a[i]) + udt_half_to_float(b[i]);
+        break;
+    }
+    case UDT_BFLOAT16: {
+        float *restrict acc = accum;
+        const uint16_t *restrict a = input, *restrict b = wire;
+        for (size_t i = 0; i < count; i++) acc[i] = udt_bfloat16_to_float(a[i]) + udt_bfloat16_to_float(b[i]);
+        break;
+    }
+    case UDT_INT32: {
+        uint32_t *restrict acc = accum;
+        const uint32_t *restrict a = input, *restrict b = wire;
+        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        break;
+    }
+    }
+}
+
 static inline int32_t round_to_int32(double value)
 {
     double r = nearbyint(value);
@@ -164,6 +200,25 @@ void udt_scale(int dtype, void *accum, size_t count, double factor)
         float f = (float)factor;
         for (size_t i = 0; i < count; i++) acc[i] *= f;
     }
+}
+
+void udt_rescale_wire(int dtype, void *data, size_t count, double factor)
+{
+    if (factor == 1.0)
+        return;
+    if (factor == 0.0) {
+        memset(data, 0, count * udt_wire_elem_bytes(dtype));
+        return;
+    }
+    if (dtype == UDT_FLOAT16 || dtype == UDT_BFLOAT16) {
+        uint16_t *values = data;
+        float f = (float)factor;
+        for (size_t i = 0; i < count; i++)
+            values[i] = dtype == UDT_FLOAT16 ? udt_float_to_half(udt_half_to_float(values[i]) * f)
+                                             : udt_float_to_bfloat16(udt_bfloat16_to_float(values[i]) * f);
+        return;
+    }
+    udt_scale(dtype, data, count, factor); /* accumulator and caller's type are the same here */
 }
 
 void udt_store(int dtype, void *dst, const void *accum, size_t count, double factor)

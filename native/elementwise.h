@@ -25,6 +25,10 @@ void udt_load(int dtype, void *accum, const void *src, size_t count);
 void udt_pack(int dtype, void *wire, const void *accum, size_t count);
 /* accumulator += wire */
 void udt_add(int dtype, void *accum, const void *wire, size_t count);
+/* accumulator <- input + wire (both in the caller's type) */
+void udt_add_into(int dtype, void *accum, const void *input, const void *wire, size_t count);
+/* data (caller's type) *= factor, in place; factor 0 writes zeros */
+void udt_rescale_wire(int dtype, void *data, size_t count, double factor);
 /* accumulator <- wire */
 void udt_unpack(int dtype, void *accum, const void *wire, size_t count);
 /* accumulator *= factor (integers round to nearest) */

@@ -28,6 +28,7 @@
 #define RECV_BATCH 64
 #define RS_ARRIVED 1u
 #define AG_ARRIVED 2u
+#define SCRATCH_VALID 4u /* scratch holds this chunk's current value; else the caller's input does */
 
 struct udt_comm {
     struct udt_transport *transport;
@@ -193,8 +194,10 @@ static int send_some(struct call *c)
     int identity = c->accum_bytes == c->wire_bytes;
     for (; chunk < chunk_count && n < SEND_BATCH; chunk++) {
         uint32_t position = global_step * c->max_chunks + chunk;
-        if (position >= c->credit_limit)
+        if (position >= c->credit_limit) {
+            c->stats->credit_stalls++;
             break;
+        }
         uint64_t id = base + chunk;
         uint16_t contributions = all_gather ? c->final_count[id] : c->rs_count[id];
         if (contributions == 0)
@@ -206,7 +209,15 @@ static int send_some(struct call *c)
         h.contributions = contributions;
         h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
         udt_wire_encode(&h, c->comm->headers[n]);
-        const uint8_t *source = c->accum + chunk_first_element(c, segment, chunk) * c->accum_bytes;
+        uint64_t first = chunk_first_element(c, segment, chunk);
+        if (!(c->arrived[id] & SCRATCH_VALID)) {
+            /* our own input, untouched so far: send it straight from the caller's memory */
+            items[n] = (struct udt_send_item){.peer = c->downstream, .header = c->comm->headers[n], .header_bytes = UDT_WIRE_HEADER_BYTES,
+                                              .payload = (const uint8_t *)c->args->data + first * c->wire_bytes, .payload_bytes = h.payload_bytes};
+            item_chunk[n++] = chunk;
+            continue;
+        }
+        const uint8_t *source = c->accum + first * c->accum_bytes;
         const void *payload = source;
         if (!identity) {
             uint8_t *slot = c->comm->staging + (size_t)n * c->comm->options.chunk_bytes;
@@ -301,6 +312,8 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         c->silent_rank = h.silent_rank;
     int all_gather = h.phase == UDT_PHASE_ALL_GATHER;
     uint32_t global_step = all_gather ? c->world_size - 1 + h.step : h.step;
+    if (h.kind == UDT_KIND_END && c->finalized[global_step])
+        return; /* the redundant copy of an END marker */
     if (c->finalized[global_step]) {
         st->dropped_stale++;
         return;
@@ -334,16 +347,18 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         st->dropped_duplicate++;
         return;
     }
-    c->arrived[id] |= bit;
-    uint8_t *target = c->accum + chunk_first_element(c, segment, h.chunk_index) * c->accum_bytes;
+    uint64_t first = chunk_first_element(c, segment, h.chunk_index);
+    uint8_t *target = c->accum + first * c->accum_bytes;
     const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
     if (all_gather) {
         udt_unpack(c->args->dtype, target, payload, elements);
         c->final_count[id] = h.contributions;
     } else {
-        udt_add(c->args->dtype, target, payload, elements);
+        /* each chunk arrives at most once per phase, so scratch = input + partial */
+        udt_add_into(c->args->dtype, target, (const uint8_t *)c->args->data + first * c->wire_bytes, payload, elements);
         c->rs_count[id] = (uint16_t)(c->rs_count[id] + h.contributions);
     }
+    c->arrived[id] |= bit | SCRATCH_VALID;
     c->step_received[global_step]++;
     st->datagrams_received++;
     uint32_t position = global_step * c->max_chunks + h.chunk_index;
@@ -383,9 +398,14 @@ static void close_step(struct call *c, uint32_t global_step)
     uint64_t base = chunk_bases(c)[segment];
     for (uint32_t chunk = 0; chunk < chunk_count; chunk++) {
         uint64_t id = base + chunk;
+        uint64_t first = chunk_first_element(c, segment, chunk), elements = chunk_length(c, segment, chunk);
+        uint8_t *value = c->accum + first * c->accum_bytes;
+        if (!(c->arrived[id] & SCRATCH_VALID)) {
+            udt_load(c->args->dtype, value, (const uint8_t *)c->args->data + first * c->wire_bytes, elements);
+            c->arrived[id] |= SCRATCH_VALID;
+        }
         if (c->args->estimator == UDT_ESTIMATOR_UNBIASED && c->rs_count[id] != c->world_size)
-            udt_scale(c->args->dtype, c->accum + chunk_first_element(c, segment, chunk) * c->accum_bytes,
-                      chunk_length(c, segment, chunk), (double)c->world_size / c->rs_count[id]);
+            udt_scale(c->args->dtype, value, elements, (double)c->world_size / c->rs_count[id]);
         c->final_count[id] = c->rs_count[id];
     }
 }
@@ -455,10 +475,13 @@ static void write_result(struct call *c)
     for (uint32_t segment = 0; segment < c->world_size; segment++) {
         for (uint32_t chunk = 0; chunk < chunks_in_segment(c, segment); chunk++) {
             uint16_t contributions;
-            double factor = result_factor(c, chunk_bases(c)[segment] + chunk, &contributions);
-            uint64_t first = chunk_first_element(c, segment, chunk);
-            udt_store(c->args->dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes,
-                      chunk_length(c, segment, chunk), factor);
+            uint64_t id = chunk_bases(c)[segment] + chunk;
+            double factor = result_factor(c, id, &contributions);
+            uint64_t first = chunk_first_element(c, segment, chunk), elements = chunk_length(c, segment, chunk);
+            if (c->arrived[id] & SCRATCH_VALID)
+                udt_store(c->args->dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes, elements, factor);
+            else /* a hole where nothing ever arrived: our own input, rescaled in place */
+                udt_rescale_wire(c->args->dtype, out + first * c->wire_bytes, elements, factor);
         }
     }
 }
@@ -514,7 +537,6 @@ static int prepare(struct call *c)
         c->rs_count[i] = 1;
     memset(c->final_count, 0, total_chunks * sizeof(uint16_t));
     memset(c->arrived, 0, total_chunks);
-    udt_load(a->dtype, c->accum, a->data, a->count);
 
     uint32_t window = comm->options.window_bytes / comm->options.chunk_bytes;
     c->window_chunks = window < 16 ? 16 : window;
@@ -558,7 +580,7 @@ static int run_steps(struct call *c)
         if (c->recv_step < c->steps && c->step_deadline_ns < wake)
             wake = c->step_deadline_ns;
         uint64_t refresh = c->granted_at_ns + (uint64_t)c->comm->options.credit_refresh_us * 1000ull;
-        if (refresh < wake)
+        if (c->recv_step < c->steps && refresh < wake)
             wake = refresh;
         if (c->recv_step < c->steps && c->end_seen_ns[c->recv_step]) {
             uint64_t grace = c->end_seen_ns[c->recv_step] + (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
@@ -566,6 +588,7 @@ static int run_steps(struct call *c)
                 wake = grace;
         }
         int64_t wait_us = wake > now ? (int64_t)((wake - now) / 1000) : 0;
+        c->stats->idle_waits++;
         if (wait_us > 0 && (rc = udt_transport_wait(t, (int)(wait_us > 100000 ? 100000 : wait_us))) < 0)
             return rc;
     }

@@ -51,6 +51,8 @@ struct udt_allreduce_stats {
     double deadline_s;
     uint32_t sequence;
     uint32_t steps_timed_out;
+    uint32_t idle_waits;        /* times the engine slept waiting for the network */
+    uint32_t credit_stalls;     /* times sending stopped at the receiver's credit limit */
     int32_t silent_rank;         /* -1 when every peer was heard */
     int32_t mismatched_rank;     /* -1 unless a peer called with another layout */
     int32_t deadline_expired;

@@ -72,10 +72,10 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 
 
 class LocalCluster:
-    def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, **init_options):
+    def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, store_port=None, **init_options):
         self.world_size = world_size
         context = multiprocessing.get_context("spawn")
-        port = free_tcp_port()
+        port = store_port or free_tcp_port()
         self.connections, self.processes = [], []
         for rank in range(world_size):
             parent, child = context.Pipe()

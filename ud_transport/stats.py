@@ -19,6 +19,8 @@ class AllreduceStats:
     dropped_early: int
     injected_drops: int
     steps_timed_out: int
+    idle_waits: int
+    credit_stalls: int
     deadline_expired: bool
     silent_rank: int  # -1 when all peers were heard
     transport: str = ""

@@ -1,0 +1,195 @@
+"""Allreduce benchmark: ud_transport beside torch.distributed's Gloo, same
+ranks, same sizes, same run. Prints an nccl-tests-style table.
+
+    python -m ud_transport bench --world-size 2 --sizes 1M,64M --iterations 50
+    python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
+"""
+import argparse
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+
+from .local_cluster import LocalCluster
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text):
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1] if text and text[-1] in UNITS else ""
+    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
+
+
+def human(nbytes):
+    for unit in ("G", "M", "K"):
+        if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
+            return f"{nbytes // UNITS[unit]}{unit}"
+    return str(nbytes)
+
+
+def rank_input(seed, rank, count, dtype):
+    values = np.random.default_rng([seed, rank, count]).standard_normal(count)
+    return values.astype(dtype)
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
+    except ImportError:
+        return None
+
+
+def run_rank(comm, config):
+    """Runs on every rank: time each call of each backend at each size."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.PrefixStore("bench-gloo", comm.store), rank=comm.rank, world_size=comm.world_size)
+    backends = ["ud_transport"] + (["gloo"] if config["gloo"] else [])
+    total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
+    bar = _progress(total, comm.rank == 0 and config["progress"])
+    results = []
+    rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_after_ud_kib = rss_before_kib
+    for backend in backends:
+        for nbytes in config["sizes"]:
+            dtype = np.dtype(config["dtype"])
+            count = max(nbytes // dtype.itemsize, 1)
+            pristine = rank_input(config["seed"], comm.rank, count, dtype)
+            exact = sum(rank_input(config["seed"], r, count, dtype).astype(np.float64) for r in range(comm.world_size))
+            if config["op"] == "mean":
+                exact /= comm.world_size
+            work = np.empty_like(pristine)
+            tensor = torch.from_numpy(work)
+            times, delivered, errors, failures = [], [], [], 0
+            for iteration in range(config["warmup"] + config["iterations"]):
+                np.copyto(work, pristine)
+                dist.barrier()
+                start = time.perf_counter()
+                if backend == "gloo":
+                    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if config["op"] == "sum" else dist.ReduceOp.AVG)
+                    fraction = 1.0
+                else:
+                    try:
+                        fraction = comm.allreduce(work, op=config["op"], loss_budget=config["loss_budget"],
+                                                  deadline=config["deadline"]).delivered_fraction
+                    except Exception:  # a failed call counts, with its time, and keeps the input
+                        fraction, failures = 0.0, failures + 1
+                elapsed = time.perf_counter() - start
+                if iteration >= config["warmup"]:
+                    times.append(elapsed)
+                    delivered.append(fraction)
+                    scale = float(np.max(np.abs(exact))) or 1.0
+                    errors.append(float(np.max(np.abs(work.astype(np.float64) - exact))) / scale)
+                if bar:
+                    bar.update(1)
+            results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
+                                delivered=delivered, max_relative_error=max(errors), failures=failures))
+        if backend == "ud_transport":
+            peak_after_ud_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if bar:
+        bar.close()
+    return dict(results=results, rss_before_kib=rss_before_kib, rss_peak_after_ud_kib=peak_after_ud_kib)
+
+
+def summarize(per_rank, world_size):
+    """Per iteration, the collective took as long as its slowest rank."""
+    rows = []
+    for index, first in enumerate(per_rank[0]["results"]):
+        entries = [rank["results"][index] for rank in per_rank]
+        times = np.max(np.array([e["times"] for e in entries]), axis=0)
+        p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
+        algbw = first["bytes"] / p50 / 1e9
+        rows.append(dict(backend=first["backend"], bytes=first["bytes"], count=first["count"], p50_ms=p50 * 1e3,
+                         p99_ms=p99 * 1e3, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (world_size - 1) / world_size,
+                         delivered_percent=100 * float(np.mean([np.mean(e["delivered"]) for e in entries])),
+                         max_relative_error=max(e["max_relative_error"] for e in entries),
+                         failures=sum(e["failures"] for e in entries)))
+    return rows
+
+
+def format_table(rows, dtype):
+    header = (f"{'size':>8} {'count':>10} {'type':>8} {'backend':>13} {'p50 ms':>9} {'p99 ms':>9} "
+              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'delivered%':>10} {'max rel err':>11} {'failed':>6}")
+    lines = [header]
+    for r in rows:
+        lines.append(f"{human(r['bytes']):>8} {r['count']:>10} {dtype:>8} {r['backend']:>13} {r['p50_ms']:>9.2f} {r['p99_ms']:>9.2f} "
+                     f"{r['algbw_gbps']:>10.3f} {r['busbw_gbps']:>10.3f} {r['delivered_percent']:>10.3f} "
+                     f"{r['max_relative_error']:>11.2e} {r['failures']:>6}")
+    return "\n".join(lines)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--sizes", default="4K,1M,64M", help="comma-separated byte sizes, e.g. 4K,1M,64M")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "int32"])
+    parser.add_argument("--op", default="sum", choices=["sum", "mean"])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--loss", type=float, default=0.0, help="injected loss rate (ud_transport only; Gloo cannot lose)")
+    parser.add_argument("--loss-model", default="bernoulli", choices=["bernoulli", "gilbert_elliott"])
+    parser.add_argument("--burst", default="0.01,0.3,0.0,0.8", help="Gilbert-Elliott good_to_bad,bad_to_good,loss_good,loss_bad")
+    parser.add_argument("--kernel-loss", type=float, default=0.0,
+                        help="real loss for both backends: nftables drops this share of UDP and TCP packets in a private namespace")
+    parser.add_argument("--loss-budget", type=float, default=1.0)
+    parser.add_argument("--deadline", type=float, default=None, help="seconds; default: ud_transport's adaptive deadline")
+    parser.add_argument("--chunk-bytes", type=int, default=0)
+    parser.add_argument("--no-gloo", dest="gloo", action="store_false")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="write all timings here")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    return parser
+
+
+def main(argv=None):
+    from . import loss_models
+    from .kernel_loss import LossyNamespace
+    from .local_cluster import free_tcp_port
+
+    args = build_parser().parse_args(argv)
+    config = dict(sizes=[parse_size(s) for s in args.sizes.split(",")], dtype=args.dtype, op=args.op,
+                  iterations=args.iterations, warmup=args.warmup, loss_budget=args.loss_budget, deadline=args.deadline,
+                  gloo=args.gloo, seed=args.seed, progress=args.progress)
+    inject = None
+    if args.loss > 0:
+        inject = (loss_models.Bernoulli(args.loss, seed=args.seed) if args.loss_model == "bernoulli"
+                  else loss_models.from_string("gilbert_elliott:" + args.burst, seed=args.seed))
+    store_port = free_tcp_port()
+    namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port) if args.kernel_loss else None
+    if namespace:
+        namespace.__enter__()
+    try:
+        with LocalCluster(args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
+                          inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
+            per_rank = cluster.run(run_rank, config, timeout_s=3600)
+    finally:
+        if namespace:
+            namespace.close()
+    rows = summarize(per_rank, args.world_size)
+    loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
+                 f"injected {args.loss_model} loss {args.loss:.2%} (ud_transport only)" if args.loss else "no loss")
+    print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
+          f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
+    print(format_table(rows, args.dtype))
+    peak = max(r["rss_peak_after_ud_kib"] for r in per_rank) / 1024
+    before = max(r["rss_before_kib"] for r in per_rank) / 1024
+    print(f"# peak resident memory per rank: {before:.0f} MiB before the runs, {peak:.0f} MiB after the ud_transport runs "
+          f"(largest tensor {human(max(config['sizes']))}B)")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(dict(arguments=vars(args), rows=rows, per_rank=per_rank), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
