@@ -34,8 +34,8 @@ class Communicator:
         prefix = f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        endpoint = transports.open_transport(self.transport_name, bind, options, rank)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
+        endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id)
         # Everyone publishes its address and the largest datagram it can take;
         # all ranks then use the same chunk size, which fits everyone's MTU.
         mine = struct.pack("<I", endpoint.max_datagram_bytes) + endpoint.address

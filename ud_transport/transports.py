@@ -25,7 +25,8 @@ def choose(requested):
     return requested
 
 
-def open_transport(name, bind_address, options, rank):
+def open_transport(name, bind_address, options, rank, session_id):
+    """A native Transport for this rank; session_id seeds per-session settings (verbs: the Q_Key)."""
     if name != "udp":  # pragma: no cover - choose() only returns udp for now
         raise TransportError(f"unknown transport {name!r}")
     try:
