@@ -64,6 +64,9 @@ struct call {
     uint32_t step_received[2 * UDT_MAX_WORLD];
     uint64_t end_seen_ns[2 * UDT_MAX_WORLD];
     uint8_t finalized[2 * UDT_MAX_WORLD];
+    uint64_t last_arrival_ns[2 * UDT_MAX_WORLD];
+    uint32_t chunks_seen_end[2 * UDT_MAX_WORLD]; /* one past the highest chunk index received */
+    uint32_t highest_step_seen;                  /* from upstream, +1; 0 = none yet */
     uint32_t recv_step;        /* lowest receive step not yet closed */
     uint64_t step_deadline_ns; /* when recv_step gives up waiting */
     uint32_t send_step, send_chunk;
@@ -312,6 +315,8 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         c->silent_rank = h.silent_rank;
     int all_gather = h.phase == UDT_PHASE_ALL_GATHER;
     uint32_t global_step = all_gather ? c->world_size - 1 + h.step : h.step;
+    if (global_step + 1 > c->highest_step_seen)
+        c->highest_step_seen = global_step + 1; /* the upstream sends steps in order */
     if (h.kind == UDT_KIND_END && c->finalized[global_step])
         return; /* the redundant copy of an END marker */
     if (c->finalized[global_step]) {
@@ -360,6 +365,9 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
     }
     c->arrived[id] |= bit | SCRATCH_VALID;
     c->step_received[global_step]++;
+    c->last_arrival_ns[global_step] = now;
+    if (h.chunk_index + 1 > c->chunks_seen_end[global_step])
+        c->chunks_seen_end[global_step] = h.chunk_index + 1;
     st->datagrams_received++;
     uint32_t position = global_step * c->max_chunks + h.chunk_index;
     if (position + 1 > c->read_position)
@@ -410,7 +418,18 @@ static void close_step(struct call *c, uint32_t global_step)
     }
 }
 
-/* Close the lowest open receive step if it is complete, ended or overdue. */
+/* A step with a hole below its highest received chunk has seen loss; when it
+ * then goes quiet, waiting longer only delays every later hop. Returns the
+ * time of its last arrival, or 0 when there is no evidence of loss. */
+static uint64_t step_idle_since(const struct call *c, uint32_t g)
+{
+    if (c->comm->options.idle_close_us == 0 || c->step_received[g] >= c->chunks_seen_end[g])
+        return 0;
+    return c->last_arrival_ns[g];
+}
+
+/* Close the lowest open receive step if it is complete, ended, superseded,
+ * idle after loss, or overdue. */
 static int close_ready_steps(struct call *c, uint64_t now)
 {
     int closed = 0;
@@ -419,10 +438,13 @@ static int close_ready_steps(struct call *c, uint64_t now)
         uint32_t expected = chunks_in_segment(c, actual_segment(c, udt_recv_segment(c->rank, c->world_size, g)));
         int complete = c->step_received[g] >= expected;
         int ended = c->end_seen_ns[g] && now - c->end_seen_ns[g] >= (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
+        /* the upstream already sends a later step: all of this one that will come, came */
+        int superseded = c->highest_step_seen > g + 1;
+        int idle = step_idle_since(c, g) && now - step_idle_since(c, g) >= (uint64_t)c->comm->options.idle_close_us * 1000ull;
         int overdue = now >= c->step_deadline_ns;
-        if (!complete && !ended && !overdue)
+        if (!complete && !ended && !superseded && !idle && !overdue)
             break;
-        if (!complete && !ended) {
+        if (!complete && !ended && !superseded && !idle) {
             c->stats->steps_timed_out++;
             if (!c->heard_upstream && c->silent_rank == UDT_NO_RANK) {
                 c->silent_rank = (uint16_t)c->upstream;
@@ -582,6 +604,11 @@ static int run_steps(struct call *c)
         uint64_t refresh = c->granted_at_ns + (uint64_t)c->comm->options.credit_refresh_us * 1000ull;
         if (c->recv_step < c->steps && refresh < wake)
             wake = refresh;
+        if (c->recv_step < c->steps && step_idle_since(c, c->recv_step)) {
+            uint64_t idle = step_idle_since(c, c->recv_step) + (uint64_t)c->comm->options.idle_close_us * 1000ull;
+            if (idle < wake)
+                wake = idle;
+        }
         if (c->recv_step < c->steps && c->end_seen_ns[c->recv_step]) {
             uint64_t grace = c->end_seen_ns[c->recv_step] + (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
             if (grace < wake)

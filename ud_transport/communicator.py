@@ -48,7 +48,8 @@ class Communicator:
         self.address = endpoint.address
         try:
             self._engine = _native.RingEngine(endpoint, rank, world_size, session_id, chunk_bytes, options.window_bytes,
-                                              options.end_repeats, options.credit_refresh_us, options.reorder_grace_us)
+                                              options.end_repeats, options.credit_refresh_us, options.reorder_grace_us,
+                                              options.idle_close_us)
             self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
             self.close()

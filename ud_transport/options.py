@@ -21,9 +21,10 @@ class Options:
     chunk_bytes: int = 0  # payload per datagram; 0 = the largest the path MTU allows
     window_bytes: int = 8 * MIB  # data an upstream may have in flight to us
     socket_buffer_bytes: int = 64 * MIB
-    end_repeats: int = 2  # copies of each end-of-step marker
+    end_repeats: int = 3  # copies of each end-of-step marker (they can be lost too)
     credit_refresh_us: int = 2000
     reorder_grace_us: int = 200
+    idle_close_us: int = 5000  # a step that has lost chunks stops waiting after this long without arrivals
     deadline_cap_s: float = 30.0  # the adaptive default deadline never exceeds this
     deadline_floor_s: float = 0.5
     deadline_multiplier: float = 4.0  # default deadline = multiplier x recent typical time

@@ -1,0 +1,59 @@
+"""Bounded time and bounded loss: a silent rank gives PeerTimeout naming it
+within deadline + 1 s; loss beyond the budget gives LossBudgetExceeded; and in
+both cases the caller's tensor keeps its values."""
+import numpy as np
+import pytest
+
+import tasks
+import ud_transport
+from conftest import get_cluster
+from ud_transport.local_cluster import LocalCluster
+
+DEADLINE = 2.0
+
+
+@pytest.mark.parametrize("how", ["stalls", "killed"])
+def test_silent_rank_raises_peer_timeout_naming_it(how):
+    world, silent = 3, 2
+    with LocalCluster(world, chunk_bytes=256) as cluster:
+        cluster.run(tasks.allreduce_values, 100, "float32", "sum")  # all healthy first
+        if how == "killed":
+            cluster.kill(silent)
+        else:
+            cluster.connections[silent].send((tasks.stall, (DEADLINE + 2,)))
+        outcomes = cluster.run(tasks.allreduce_catching, 1000, 0.1, DEADLINE, ranks=[0, 1])
+    for rank, (unchanged, error, elapsed) in zip([0, 1], outcomes):
+        assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
+        assert error.rank == silent and f"rank {silent}" in str(error)
+        assert elapsed <= DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
+        assert unchanged, f"rank {rank}: tensor changed on error"
+
+
+def test_loss_beyond_budget_raises_and_keeps_the_input():
+    cluster = get_cluster(3, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=3))
+    outcomes = cluster.run(tasks.allreduce_catching, 2000, 0.05, 5.0)
+    for unchanged, error, _ in outcomes:
+        assert isinstance(error, ud_transport.LossBudgetExceeded), repr(error)
+        assert error.stats.delivered_fraction < 0.95 and error.stats.chunks_lost > 0
+        assert unchanged
+
+
+def test_within_budget_succeeds_under_the_same_loss():
+    cluster = get_cluster(3, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=3))
+    for unchanged, error, _ in cluster.run(tasks.allreduce_catching, 2000, 0.9, 5.0):
+        assert error is None and not unchanged
+
+
+def test_bursts_finish_within_deadline():
+    """Gilbert-Elliott microbursts (90% loss in the bad state): every call still
+    returns by its deadline, and lost end markers do not make every step wait
+    out its share of it."""
+    bursts = ud_transport.GilbertElliott(good_to_bad=0.02, bad_to_good=0.1, loss_in_good=0.0, loss_in_bad=0.9, seed=5)
+    cluster = get_cluster(4, chunk_bytes=128, inject=bursts)
+    runs = cluster.run(tasks.repeated_trials, 4000, 20, 1.0, "unbiased", 9)
+    for results, inputs, fractions in runs:
+        assert np.all(np.isfinite(results))
+        assert 0.0 < fractions.min() and fractions.mean() < 1.0
+    timings = cluster.run(tasks.allreduce_catching, 4000, 1.0, DEADLINE)
+    for _, error, elapsed in timings:
+        assert error is None and elapsed <= DEADLINE + 1.0

@@ -1,0 +1,46 @@
+"""Real packet loss from the kernel: ranks in a private network namespace
+whose nftables input hook drops 10% of UDP datagrams at random. Calls finish
+within their deadline and the estimate is unbiased."""
+import numpy as np
+import pytest
+
+import tasks
+from conftest import skip_or_fail
+from test_loss_unbiased import COUNT, WORLD, expected_delivered_fraction, fixed_inputs, z_score
+from ud_transport.kernel_loss import LossyNamespace, unavailable_reason
+from ud_transport.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.netns
+LOSS = 0.10
+
+
+@pytest.fixture(scope="module")
+def lossy_cluster():
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(f"kernel-level loss: {reason}")
+    with LossyNamespace(udp_loss=LOSS) as namespace:
+        with LocalCluster(WORLD, netns=namespace.name, chunk_bytes=32) as cluster:
+            yield cluster, namespace
+
+
+def test_kernel_loss_is_real_and_calls_finish_within_deadline(lossy_cluster):
+    cluster, namespace = lossy_cluster
+    deadline = 3.0
+    for unchanged, error, elapsed in cluster.run(tasks.allreduce_catching, 5000, 1.0, deadline):
+        assert error is None and elapsed <= deadline + 1.0
+    counters = namespace.counters()
+    assert "drop" in counters and "packets 0 " not in counters  # the rule really dropped packets
+
+
+def test_unbiased_under_kernel_loss(lossy_cluster):
+    cluster, _ = lossy_cluster
+    inputs = fixed_inputs()
+    truth = sum(inputs)
+    runs = cluster.run(tasks.repeated_trials, inputs, 120, 1.0, "unbiased")
+    results = np.array([r[0] for r in runs])
+    relative_error = ((results.mean(axis=0) - truth) / truth).mean(axis=1)
+    assert abs(z_score(relative_error)) < 4.0, relative_error.mean()
+    delivered = np.mean([r[2] for r in runs])
+    # the kernel drops credits and end markers too, and at this rate nearly every step sees loss
+    assert abs(delivered - expected_delivered_fraction(WORLD, LOSS)) < 0.02, delivered

@@ -1,0 +1,28 @@
+"""An independent encoder of ud_transport's wire format, written from the
+specification in README (not from the C header), for tests that play a
+stranger or a peer on the wire."""
+import struct
+
+MAGIC = 0x31544455
+VERSION = 1
+KIND_DATA, KIND_END, KIND_CREDIT = 1, 2, 3
+NO_RANK = 0xFFFF
+HEADER = struct.Struct("<IBBBBQIHHIHHIII")
+DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4}
+
+
+def layout_tag(count, dtype, op, chunk_bytes, estimator=0):
+    """FNV-1a over (count, dtype code, op code, chunk_bytes, estimator) as five little-endian u64."""
+    value = 2166136261
+    for byte in struct.pack("<5Q", count, DTYPE_CODES[dtype], op, chunk_bytes, estimator):
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value
+
+
+def header(*, kind, session_id, sequence, source_rank, phase=0, step=0, chunk_index=0, contributions=1,
+           payload_bytes=0, layout=0, credit=0, silent_rank=NO_RANK, magic=MAGIC, version=VERSION, flags=0):
+    return HEADER.pack(magic, version, kind, phase, flags, session_id, sequence, step, source_rank, chunk_index,
+                       contributions, silent_rank, payload_bytes, layout, credit)
+
+
+assert HEADER.size == 44
