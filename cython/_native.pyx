@@ -162,3 +162,14 @@ def half_bits_to_float(uint16_t bits):
 
 def float_to_bfloat16_bits(float value):
     return udt_float_to_bfloat16(value)
+
+
+# ---- RDMA verbs: bindings in pyverbs style (one file per object) and the UD transport ----
+include "verbs_base.pxi"
+include "verbs_device.pxi"
+include "verbs_pd.pxi"
+include "verbs_mr.pxi"
+include "verbs_cq.pxi"
+include "verbs_ah.pxi"
+include "verbs_qp.pxi"
+include "verbs_transport.pxi"

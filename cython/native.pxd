@@ -106,3 +106,64 @@ cdef extern from "elementwise.h" nogil:
 
 cdef extern from "verbs_probe.h" nogil:
     int udt_verbs_active_device_count()
+
+# ---- verbs UD transport, and what its Python helpers drive directly ----------------------
+cdef extern from "transport.h" nogil:
+    struct udt_send_item:
+        uint32_t peer
+        const void *header
+        uint32_t header_bytes
+        const void *payload
+        uint32_t payload_bytes
+
+    struct udt_recv_item:
+        const uint8_t *data
+        uint32_t bytes
+        int32_t peer
+
+    int udt_transport_set_peers(udt_transport *t, const uint8_t *a, uint32_t b, uint32_t n)
+    int udt_transport_send(udt_transport *t, const udt_send_item *i, int n)
+    int udt_transport_recv(udt_transport *t, udt_recv_item *i, int n)
+    int udt_transport_wait(udt_transport *t, int us)
+
+    enum:
+        UDT_VERBS_ADDRESS_BYTES
+
+    struct udt_verbs_config:
+        const char *device
+        uint8_t port
+        int gid_index
+        uint32_t qkey
+        uint32_t max_datagram_bytes
+        uint32_t send_depth
+        uint32_t recv_depth
+        uint32_t signal_every
+        uint32_t spin_us
+
+    udt_transport *udt_verbs_open(const udt_verbs_config *config, char *error, int error_bytes)
+
+cdef extern from "wire.h" nogil:
+    enum:
+        UDT_KIND_DATA
+        UDT_KIND_END
+        UDT_KIND_CREDIT
+
+    struct udt_wire_header:
+        uint32_t magic
+        uint8_t version
+        uint8_t kind
+        uint8_t phase
+        uint8_t flags
+        uint64_t session_id
+        uint32_t sequence
+        uint16_t step
+        uint16_t source_rank
+        uint32_t chunk_index
+        uint16_t contributions
+        uint16_t silent_rank
+        uint32_t payload_bytes
+        uint32_t layout_tag
+        uint32_t credit
+
+    void udt_wire_encode(const udt_wire_header *h, uint8_t *out)
+    int udt_wire_decode(const uint8_t *data, uint32_t length, udt_wire_header *h)

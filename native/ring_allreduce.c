@@ -67,6 +67,9 @@ struct call {
     uint64_t last_arrival_ns[2 * UDT_MAX_WORLD];
     uint32_t chunks_seen_end[2 * UDT_MAX_WORLD]; /* one past the highest chunk index received */
     uint32_t highest_step_seen;                  /* from upstream, +1; 0 = none yet */
+    uint32_t announced[2 * UDT_MAX_WORLD];       /* chunks the upstream said it sends in a step; 0 = not yet known */
+    uint32_t send_announced;                     /* chunks we send in the current send step */
+    uint64_t reminded_at_ns;
     uint32_t recv_step;        /* lowest receive step not yet closed */
     uint64_t step_deadline_ns; /* when recv_step gives up waiting */
     uint32_t send_step, send_chunk;
@@ -77,6 +80,7 @@ struct call {
     uint64_t granted_at_ns;
     uint32_t window_chunks;
     int heard_upstream, heard_downstream;
+    int credited; /* the downstream granted credit for this call */
     uint16_t silent_rank;  /* a rank known to be silent; stamped on everything we send */
     int silence_is_ours;   /* we concluded it ourselves (not told), so hearing it later clears it */
     int32_t mismatched_rank;
@@ -194,6 +198,13 @@ static int send_some(struct call *c)
     uint32_t item_chunk[SEND_BATCH];
     int n = 0;
     uint32_t chunk = c->send_chunk;
+    if (chunk == 0 && c->send_announced == 0) {
+        /* reduce-scatter sends every chunk; all-gather only those that reached us */
+        for (uint32_t k = 0; k < chunk_count; k++)
+            c->send_announced += all_gather ? c->final_count[base + k] != 0 : 1;
+        if (c->send_announced == 0)
+            c->send_announced = UINT32_MAX; /* nothing to send: only END */
+    }
     int identity = c->accum_bytes == c->wire_bytes;
     for (; chunk < chunk_count && n < SEND_BATCH; chunk++) {
         uint32_t position = global_step * c->max_chunks + chunk;
@@ -210,6 +221,7 @@ static int send_some(struct call *c)
         uint64_t elements = chunk_length(c, segment, chunk);
         h.chunk_index = chunk;
         h.contributions = contributions;
+        h.credit = c->send_announced;
         h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
         udt_wire_encode(&h, c->comm->headers[n]);
         uint64_t first = chunk_first_element(c, segment, chunk);
@@ -251,6 +263,7 @@ static int send_some(struct call *c)
             return rc;
         c->send_step++;
         c->send_chunk = 0;
+        c->send_announced = 0;
         progressed = 1;
     }
     return progressed;
@@ -271,15 +284,22 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         st->dropped_foreign++;
         return;
     }
+    /* Any datagram of this session proves its sender alive, even one for
+     * another call: a rank that is late is not a rank that is dead. */
+    if (h.source_rank == c->downstream && h.kind == UDT_KIND_CREDIT)
+        c->heard_downstream = 1;
+    if (h.source_rank == c->upstream && h.kind != UDT_KIND_CREDIT)
+        c->heard_upstream = 1;
+    if (c->silence_is_ours && (c->heard_upstream || c->silent_rank != c->upstream) &&
+        (c->heard_downstream || c->silent_rank != c->downstream)) {
+        c->silent_rank = UDT_NO_RANK; /* late, not dead */
+        c->silence_is_ours = 0;
+    }
     if (h.kind == UDT_KIND_CREDIT) {
         if (h.source_rank != c->downstream) {
             st->dropped_foreign++;
         } else if (h.sequence == c->sequence) {
-            c->heard_downstream = 1;
-            if (c->silence_is_ours && c->silent_rank == c->downstream) {
-                c->silent_rank = UDT_NO_RANK;
-                c->silence_is_ours = 0;
-            }
+            c->credited = 1;
             if (h.credit > c->credit_limit)
                 c->credit_limit = h.credit;
         } else if (h.sequence == c->sequence + 1) {
@@ -294,7 +314,8 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         return;
     }
     if (h.sequence != c->sequence) {
-        st->dropped_stale++;
+        if (!(h.kind == UDT_KIND_END && h.sequence + 1 == c->sequence))
+            st->dropped_stale++; /* an END of the previous call is a reminder, not an intruder */
         return;
     }
     if (h.phase > UDT_PHASE_ALL_GATHER || h.flags != 0 || h.step >= c->world_size - 1) {
@@ -305,11 +326,6 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         st->dropped_invalid++;
         c->mismatched_rank = (int32_t)h.source_rank;
         return;
-    }
-    c->heard_upstream = 1;
-    if (c->silence_is_ours && c->silent_rank == c->upstream) {
-        c->silent_rank = UDT_NO_RANK; /* late, not dead */
-        c->silence_is_ours = 0;
     }
     if (h.silent_rank != UDT_NO_RANK && h.silent_rank < c->world_size && c->silent_rank == UDT_NO_RANK)
         c->silent_rank = h.silent_rank;
@@ -366,6 +382,8 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
     c->arrived[id] |= bit | SCRATCH_VALID;
     c->step_received[global_step]++;
     c->last_arrival_ns[global_step] = now;
+    if (h.credit && c->announced[global_step] == 0)
+        c->announced[global_step] = h.credit;
     if (h.chunk_index + 1 > c->chunks_seen_end[global_step])
         c->chunks_seen_end[global_step] = h.chunk_index + 1;
     st->datagrams_received++;
@@ -423,7 +441,8 @@ static void close_step(struct call *c, uint32_t global_step)
  * time of its last arrival, or 0 when there is no evidence of loss. */
 static uint64_t step_idle_since(const struct call *c, uint32_t g)
 {
-    if (c->comm->options.idle_close_us == 0 || c->step_received[g] >= c->chunks_seen_end[g])
+    int hole = c->step_received[g] < c->chunks_seen_end[g] || (c->announced[g] && c->step_received[g] < c->announced[g]);
+    if (c->comm->options.idle_close_us == 0 || !hole)
         return 0;
     return c->last_arrival_ns[g];
 }
@@ -436,7 +455,8 @@ static int close_ready_steps(struct call *c, uint64_t now)
     while (c->recv_step < c->steps) {
         uint32_t g = c->recv_step;
         uint32_t expected = chunks_in_segment(c, actual_segment(c, udt_recv_segment(c->rank, c->world_size, g)));
-        int complete = c->step_received[g] >= expected;
+        int complete = c->step_received[g] >= expected ||
+                       (c->announced[g] && c->announced[g] != UINT32_MAX && c->step_received[g] >= c->announced[g]);
         int ended = c->end_seen_ns[g] && now - c->end_seen_ns[g] >= (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
         /* the upstream already sends a later step: all of this one that will come, came */
         int superseded = c->highest_step_seen > g + 1;
@@ -591,6 +611,17 @@ static int run_steps(struct call *c)
         progressed |= got > 0;
         if (c->recv_step < c->steps && (rc = grant_credit(c, now, 0)) < 0)
             return rc;
+        if (!c->credited && c->sequence > 1 &&
+            now - c->reminded_at_ns >= (uint64_t)c->comm->options.credit_refresh_us * 1000ull) {
+            /* The downstream has not started this call: it may still wait for
+             * the end of the previous one, whose END markers can all be lost. */
+            c->reminded_at_ns = now;
+            c->sequence--;
+            rc = send_control(c, UDT_KIND_END, c->steps - 1, c->downstream, 0, 1);
+            c->sequence++;
+            if (rc < 0)
+                return rc;
+        }
         if (!c->heard_downstream && c->silent_rank == UDT_NO_RANK && now - c->start_ns > first_step_share) {
             c->silent_rank = (uint16_t)c->downstream; /* never granted us anything */
             c->silence_is_ours = 1;
@@ -671,7 +702,7 @@ int udt_allreduce(struct udt_comm *comm, const struct udt_allreduce_args *args, 
     c.deadline_ns = start + (uint64_t)(args->deadline_s * 1e9);
     if (comm->early_credit_sequence == c.sequence) {
         c.credit_limit = comm->early_credit;
-        c.heard_downstream = 1;
+        c.credited = c.heard_downstream = 1;
     }
     uint64_t drops_before = comm->transport->counter_injected_drops;
     int rc = prepare(&c);

@@ -38,7 +38,8 @@ struct udt_wire_header {
     uint16_t silent_rank;   /* a rank the sender knows is silent, or UDT_NO_RANK */
     uint32_t payload_bytes;
     uint32_t layout_tag;    /* hash of element count, dtype, op, chunk size */
-    uint32_t credit;        /* CREDIT only: first position the sender may not send */
+    uint32_t credit;        /* CREDIT: first position the sender may not send;
+                             * DATA: how many chunks the sender sends in this step */
 };
 
 static inline void udt_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }

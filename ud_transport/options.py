@@ -33,6 +33,11 @@ class Options:
     bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
     store_timeout_s: float = 300.0
     inject: object = field(default=None)  # a loss model from ud_transport.loss_models
+    # verbs (RDMA UD) only; unset = UD_DEVICE / UD_PORT / UD_GID_INDEX, else chosen (see `python -m ud_transport info`)
+    device: str = ""  # e.g. "mlx5_0", "rxe0"
+    port: int = 0  # 1-based
+    gid_index: int = -1  # RoCE: the RoCEv2 GID of the interface that reaches the other ranks
+    receive_depth: int = 0  # receives kept posted; 0 = enough for window_bytes
 
     def validate(self):
         if self.chunk_bytes < 0:

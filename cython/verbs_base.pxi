@@ -1,0 +1,107 @@
+# Errors of the verbs bindings: every one names the verb, the errno and the object,
+#   ibv_create_ah failed: EINVAL (22) [dev=rxe0 port=1 gid_index=1]
+# and a missing feature (EOPNOTSUPP) has its own type.
+import errno as _errno
+import re as _re
+
+from libc.errno cimport errno as c_errno
+
+
+class VerbsError(OSError):
+    """A libibverbs call failed."""
+
+    def __init__(self, verb, errno_value, obj, detail=None):
+        name = _errno.errorcode.get(errno_value, "E?")
+        message = f"{verb} failed: {name} ({errno_value}) [{obj}]"
+        if detail:
+            message += f": {detail}"
+        super().__init__(errno_value, message)
+        self.verb = verb
+        self.object = obj
+        self.detail = detail
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+    def __reduce__(self):  # keep the fields when sent between processes
+        return type(self), (self.verb, self.errno, self.object, self.detail)
+
+
+class VerbsNotSupported(VerbsError):
+    """The device or its driver does not implement this (EOPNOTSUPP)."""
+
+
+def verbs_error(verb, int errno_value, obj, detail=None):
+    """The exception for a failed verb: VerbsNotSupported for EOPNOTSUPP, else VerbsError."""
+    kind = VerbsNotSupported if errno_value in (_errno.EOPNOTSUPP, _errno.ENOTSUP) else VerbsError
+    return kind(verb, errno_value, obj, detail)
+
+
+_C_ERROR = _re.compile(r"^(?P<verb>\w+) failed: \w+ \((?P<errno>\d+)\) \[(?P<object>[^\]]*)\](?:: (?P<detail>.*))?$")
+
+
+def error_from_native(text):
+    """The exception for an error string of the C transport (same format when a verb failed)."""
+    match = _C_ERROR.match(text)
+    if match:
+        return verbs_error(match["verb"], int(match["errno"]), match["object"], match["detail"])
+    return OSError(text)
+
+
+cdef inline int _verbs_errno(int rc) noexcept nogil:
+    """libibverbs reports a failure as a positive return value or through errno."""
+    if rc > 0:
+        return rc
+    return c_errno if c_errno != 0 else 5  # EIO
+
+
+# ---- the base of every verbs object ---------------------------------------------------
+import itertools as _itertools
+import weakref as _weakref
+
+cimport cython
+
+_creation_order = _itertools.count()
+
+
+@cython.no_gc_clear  # keep the parent alive until the child's C object is destroyed
+cdef class VerbsObject:
+    """Parents track their children (weakly) and close them first; close() is
+    idempotent; `with` closes. Children hold their parents (strongly), so a
+    parent's C object always outlives its children's."""
+    cdef object _children
+    cdef readonly unsigned long long creation_order
+    cdef object __weakref__
+
+    def __cinit__(self, *args, **kwargs):
+        self._children = _weakref.WeakSet()
+        self.creation_order = next(_creation_order)
+
+    cdef _adopt(self, VerbsObject child):
+        self._children.add(child)
+
+    cdef _close_children(self):
+        # youngest first: an AH or MR before the QP made earlier, a QP before its CQ
+        for child in sorted(self._children, key=lambda c: c.creation_order, reverse=True):
+            child.close()
+
+    cdef bint _is_open(self):
+        return False
+
+    @property
+    def closed(self):
+        return not self._is_open()
+
+    def _check_open(self):
+        if not self._is_open():
+            raise ValueError(f"{type(self).__name__} is closed")
+
+    def close(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

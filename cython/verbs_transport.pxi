@@ -1,0 +1,214 @@
+# The verbs UD transport (native/transport_verbs.c) as a Transport an engine can own,
+# plus what tests and the benchmark need to drive it directly: peers, single datagrams,
+# and a point-to-point datagram stream whose loops run in C without the GIL.
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport malloc, free
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+import struct as _struct
+
+VERBS_ADDRESS_BYTES = UDT_VERBS_ADDRESS_BYTES
+_ADDRESS = _struct.Struct("<16sIHI")  # GID, QPN, LID, Q_Key
+
+
+def qkey_for_session(uint64_t session_id):
+    """The Q_Key every rank of a session uses: folded from the session id, below
+    0x80000000 (a Q_Key with the high bit set is privileged), never 0."""
+    return ((session_id ^ (session_id >> 32)) & 0x7FFFFFFF) or 1
+
+
+def pack_verbs_address(bytes gid, uint32_t qpn, uint16_t lid, uint32_t qkey):
+    return _ADDRESS.pack(gid, qpn, lid, qkey)
+
+
+def unpack_verbs_address(bytes address):
+    """{gid, qpn, lid, qkey} of a verbs transport address."""
+    gid, qpn, lid, qkey = _ADDRESS.unpack(address)
+    return {"gid": gid, "qpn": qpn, "lid": lid, "qkey": qkey}
+
+
+cdef inline double _seconds() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return t.tv_sec + t.tv_nsec * 1e-9
+
+
+cdef class VerbsTransport(Transport):
+    """One rank's UD QP. Open it with VerbsTransport.open(); hand it to a RingEngine,
+    or drive it with set_peers / send / receive / stream_* (tests, benchmark)."""
+    cdef readonly str device
+    cdef readonly int port, gid_index
+    cdef readonly uint32_t qkey, qpn
+
+    @staticmethod
+    def open(str device not None, int port, int gid_index, uint32_t qkey, uint32_t max_datagram_bytes=0,
+             uint32_t send_depth=0, uint32_t recv_depth=0, uint32_t signal_every=0, uint32_t spin_us=20):
+        """Open a UD QP on device/port with source GID gid_index (see choose_endpoint) and
+        bring it to RTS. max_datagram_bytes=0 takes the port's active MTU."""
+        cdef char error[256]
+        cdef udt_verbs_config config
+        cdef VerbsTransport t = VerbsTransport.__new__(VerbsTransport)
+        encoded = device.encode()
+        if not 1 <= port <= 255:
+            raise verbs_error("ibv_query_port", _errno.EINVAL, f"dev={device} port={port}", "ports are numbered from 1")
+        memset(&config, 0, sizeof(config))
+        memset(error, 0, sizeof(error))
+        config.device = encoded
+        config.port = <uint8_t>port
+        config.gid_index = gid_index
+        config.qkey = qkey
+        config.max_datagram_bytes = max_datagram_bytes
+        config.send_depth = send_depth
+        config.recv_depth = recv_depth
+        config.signal_every = signal_every
+        config.spin_us = spin_us
+        with nogil:
+            t.ptr = udt_verbs_open(&config, error, sizeof(error))
+        if t.ptr is NULL:
+            raise error_from_native(error.decode(errors="replace"))
+        fields = unpack_verbs_address(bytes(t.ptr.address[:t.ptr.address_bytes]))
+        t.device, t.port, t.gid_index, t.qkey, t.qpn = device, port, gid_index, fields["qkey"], fields["qpn"]
+        return t
+
+    @property
+    def gid(self):
+        self._check_open()
+        return bytes(self.ptr.address[:16])
+
+    def set_peers(self, addresses):
+        """The peer table (rank order): a list of addresses from VerbsTransport.address."""
+        self._check_open()
+        blob = b"".join(addresses)
+        cdef const uint8_t *data = blob
+        if udt_transport_set_peers(self.ptr, data, UDT_VERBS_ADDRESS_BYTES, len(addresses)) < 0:
+            raise error_from_native(self.ptr.error.decode(errors="replace"))
+
+    def send(self, uint32_t peer, bytes header not None, bytes payload=b""):
+        """Queue one datagram (header + payload) to a peer; returns 1, or 0 if the send ring is full."""
+        cdef udt_send_item item
+        self._check_open()
+        item.peer = peer
+        item.header = <const char *>header
+        item.header_bytes = len(header)
+        item.payload = <const char *>payload
+        item.payload_bytes = len(payload)
+        rc = udt_transport_send(self.ptr, &item, 1)
+        if rc < 0:
+            raise error_from_native(self.ptr.error.decode(errors="replace"))
+        return rc
+
+    def receive(self, int max_items=64, double timeout=0.0):
+        """[(peer, bytes)] of what arrived, waiting up to `timeout` seconds for the first."""
+        cdef udt_recv_item items[64]
+        cdef int got = 0
+        cdef double deadline
+        self._check_open()
+        max_items = max(1, min(max_items, 64))
+        deadline = _seconds() + timeout
+        while True:
+            with nogil:
+                got = udt_transport_recv(self.ptr, items, max_items)
+            if got < 0:
+                raise error_from_native(self.ptr.error.decode(errors="replace"))
+            left = deadline - _seconds()
+            if got > 0 or left <= 0:
+                break
+            with nogil:
+                udt_transport_wait(self.ptr, <int>(min(left, 0.1) * 1e6))
+        return [(items[i].peer, items[i].data[:items[i].bytes]) for i in range(got)]
+
+    def stream_send(self, uint32_t peer, uint64_t count, uint32_t datagram_bytes, uint64_t session_id):
+        """Send `count` DATA datagrams of `datagram_bytes` (header included) to a peer as
+        fast as the send ring allows, chunk_index numbering them. Returns
+        {sent, seconds, ring_full_waits}."""
+        cdef udt_send_item items[32]
+        cdef uint8_t headers[32][44]
+        cdef udt_wire_header h
+        cdef uint8_t *payload
+        cdef uint64_t sent = 0, full_waits = 0
+        cdef int n, i, rc = 0
+        cdef double start, elapsed
+        self._check_open()
+        if datagram_bytes < UDT_WIRE_HEADER_BYTES or datagram_bytes > self.ptr.max_datagram_bytes:
+            raise ValueError(f"datagram_bytes must be between {UDT_WIRE_HEADER_BYTES} and {self.ptr.max_datagram_bytes}")
+        payload = <uint8_t *>malloc(datagram_bytes)
+        if payload is NULL:
+            raise MemoryError()
+        memset(payload, 0xA5, datagram_bytes)
+        memset(&h, 0, sizeof(h))
+        h.magic = UDT_WIRE_MAGIC
+        h.version = UDT_WIRE_VERSION
+        h.kind = UDT_KIND_DATA
+        h.session_id = session_id
+        h.contributions = 1
+        h.silent_rank = 0xFFFF
+        h.payload_bytes = datagram_bytes - UDT_WIRE_HEADER_BYTES
+        try:
+            with nogil:
+                start = _seconds()
+                while sent < count:
+                    n = <int>(count - sent if count - sent < 32 else 32)
+                    for i in range(n):
+                        h.chunk_index = <uint32_t>(sent + i)
+                        udt_wire_encode(&h, headers[i])
+                        items[i].peer = peer
+                        items[i].header = headers[i]
+                        items[i].header_bytes = UDT_WIRE_HEADER_BYTES
+                        items[i].payload = payload
+                        items[i].payload_bytes = datagram_bytes - UDT_WIRE_HEADER_BYTES
+                    rc = udt_transport_send(self.ptr, items, n)
+                    if rc < 0:
+                        break
+                    if rc < n:
+                        full_waits += 1
+                        udt_transport_wait(self.ptr, 1000)
+                    sent += <uint64_t>rc
+                elapsed = _seconds() - start
+        finally:
+            free(payload)
+        if rc < 0:
+            raise error_from_native(self.ptr.error.decode(errors="replace"))
+        return {"sent": sent, "seconds": elapsed, "ring_full_waits": full_waits}
+
+    def stream_receive(self, uint64_t count, uint64_t session_id, double first_timeout=30.0, double idle_timeout=1.0):
+        """Receive a stream_send stream until `count` arrived or nothing came for
+        idle_timeout seconds. Returns {received, foreign, invalid, seconds (first to last),
+        max_index, out_of_order}."""
+        cdef udt_recv_item items[64]
+        cdef udt_wire_header h
+        cdef uint64_t received = 0, foreign = 0, invalid = 0, out_of_order = 0
+        cdef int64_t last_index = -1
+        cdef int got = 0, i
+        cdef double first = 0, last = 0, now, started
+        self._check_open()
+        with nogil:
+            started = _seconds()
+            while received < count:
+                got = udt_transport_recv(self.ptr, items, 64)
+                if got < 0:
+                    break
+                now = _seconds()
+                for i in range(got):
+                    if udt_wire_decode(items[i].data, items[i].bytes, &h) != 0 or \
+                            items[i].bytes != UDT_WIRE_HEADER_BYTES + h.payload_bytes:
+                        invalid += 1
+                    elif h.magic != UDT_WIRE_MAGIC or h.session_id != session_id or items[i].peer < 0:
+                        foreign += 1
+                    else:
+                        if received == 0:
+                            first = now
+                        last = now
+                        received += 1
+                        if <int64_t>h.chunk_index < last_index:
+                            out_of_order += 1
+                        else:
+                            last_index = h.chunk_index
+                if got == 0:
+                    if received == 0 and now - started > first_timeout:
+                        break
+                    if received > 0 and now - last > idle_timeout:
+                        break
+                    udt_transport_wait(self.ptr, 10000)
+        if got < 0:
+            raise error_from_native(self.ptr.error.decode(errors="replace"))
+        return {"received": received, "foreign": foreign, "invalid": invalid, "seconds": last - first,
+                "max_index": last_index, "out_of_order": out_of_order}
