@@ -80,7 +80,8 @@ cdef class RingEngine:
 
     def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
                   uint32_t chunk_bytes, uint32_t window_bytes, uint32_t end_repeats,
-                  uint32_t credit_refresh_us, uint32_t reorder_grace_us, uint32_t idle_close_us):
+                  uint32_t credit_refresh_us, uint32_t reorder_grace_us, uint32_t idle_close_us,
+                  uint32_t busy_poll_us):
         cdef char error[320]
         cdef udt_engine_options options
         transport._check_open()
@@ -90,6 +91,7 @@ cdef class RingEngine:
         options.credit_refresh_us = credit_refresh_us
         options.reorder_grace_us = reorder_grace_us
         options.idle_close_us = idle_close_us
+        options.busy_poll_us = busy_poll_us
         memset(error, 0, sizeof(error))
         self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &options, error, sizeof(error))
         if self.comm is NULL:

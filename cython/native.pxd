@@ -45,6 +45,7 @@ cdef extern from "ring_allreduce.h" nogil:
         uint32_t credit_refresh_us
         uint32_t reorder_grace_us
         uint32_t idle_close_us
+        uint32_t busy_poll_us
 
     struct udt_allreduce_stats:
         double delivered_fraction

@@ -25,7 +25,8 @@
 #include "wire.h"
 
 #define SEND_BATCH 32
-#define RECV_BATCH 64
+/* 16 datagrams of 64 KiB stay in L2 between the kernel's copy and our add */
+#define RECV_BATCH 16
 #define RS_ARRIVED 1u
 #define AG_ARRIVED 2u
 #define SCRATCH_VALID 4u /* scratch holds this chunk's current value; else the caller's input does */
@@ -327,7 +328,10 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         c->mismatched_rank = (int32_t)h.source_rank;
         return;
     }
-    if (h.silent_rank != UDT_NO_RANK && h.silent_rank < c->world_size && c->silent_rank == UDT_NO_RANK)
+    /* Adopt what the upstream concluded about ranks we cannot observe; our
+     * neighbours (and we) are judged by what we hear ourselves. */
+    if (h.silent_rank < c->world_size && c->silent_rank == UDT_NO_RANK && h.silent_rank != c->rank &&
+        h.silent_rank != c->upstream && h.silent_rank != c->downstream)
         c->silent_rank = h.silent_rank;
     int all_gather = h.phase == UDT_PHASE_ALL_GATHER;
     uint32_t global_step = all_gather ? c->world_size - 1 + h.step : h.step;
@@ -464,13 +468,8 @@ static int close_ready_steps(struct call *c, uint64_t now)
         int overdue = now >= c->step_deadline_ns;
         if (!complete && !ended && !superseded && !idle && !overdue)
             break;
-        if (!complete && !ended && !superseded && !idle) {
+        if (!complete && !ended && !superseded && !idle)
             c->stats->steps_timed_out++;
-            if (!c->heard_upstream && c->silent_rank == UDT_NO_RANK) {
-                c->silent_rank = (uint16_t)c->upstream;
-                c->silence_is_ours = 1;
-            }
-        }
         close_step(c, g);
         c->recv_step++;
         set_step_deadline(c, now);
@@ -585,6 +584,18 @@ static int prepare(struct call *c)
     return UDT_OK;
 }
 
+/* Call a neighbour silent when it sent nothing at all during this call. */
+static void judge_silence(struct call *c, int time_is_up)
+{
+    if (!time_is_up || c->silent_rank != UDT_NO_RANK)
+        return;
+    if (!c->heard_upstream)
+        c->silent_rank = (uint16_t)c->upstream;
+    else if (!c->heard_downstream && c->send_step < c->steps)
+        c->silent_rank = (uint16_t)c->downstream;
+    c->silence_is_ours = c->silent_rank != UDT_NO_RANK;
+}
+
 static int run_steps(struct call *c)
 {
     struct udt_transport *t = c->comm->transport;
@@ -593,7 +604,10 @@ static int run_steps(struct call *c)
     int rc = grant_credit(c, now, 1);
     if (rc < 0)
         return rc;
-    uint64_t first_step_share = (c->deadline_ns - c->start_ns) / (c->steps ? c->steps : 1);
+    /* A neighbour that sent nothing for half the deadline is called silent
+     * (and others are told, so ranks that cannot see it fail fast too). */
+    uint64_t silence_after = c->start_ns + (c->deadline_ns - c->start_ns) / 2;
+    uint64_t spin_started_ns = 0;
     while (c->recv_step < c->steps || c->send_step < c->steps) {
         now = now_ns();
         if (now >= c->deadline_ns) {
@@ -622,11 +636,16 @@ static int run_steps(struct call *c)
             if (rc < 0)
                 return rc;
         }
-        if (!c->heard_downstream && c->silent_rank == UDT_NO_RANK && now - c->start_ns > first_step_share) {
-            c->silent_rank = (uint16_t)c->downstream; /* never granted us anything */
-            c->silence_is_ours = 1;
+        judge_silence(c, now >= silence_after);
+        if (progressed) {
+            spin_started_ns = 0;
+            continue;
         }
-        if (progressed)
+        /* Spin briefly before sleeping: a wake-up costs more than the next
+         * datagram usually takes to come. */
+        if (!spin_started_ns)
+            spin_started_ns = now;
+        if (now - spin_started_ns < (uint64_t)c->comm->options.busy_poll_us * 1000ull)
             continue;
         /* Idle: sleep until a datagram comes or the next timer is due. */
         uint64_t wake = c->deadline_ns;
@@ -654,12 +673,9 @@ static int run_steps(struct call *c)
      * the owned segment is still rescaled. */
     while (c->recv_step < c->steps) {
         c->stats->steps_timed_out++;
-        if (!c->heard_upstream && c->silent_rank == UDT_NO_RANK)
-            c->silent_rank = (uint16_t)c->upstream;
         close_step(c, c->recv_step++);
     }
-    if (!c->heard_downstream && c->send_step < c->steps && c->silent_rank == UDT_NO_RANK)
-        c->silent_rank = (uint16_t)c->downstream;
+    judge_silence(c, c->stats->deadline_expired);
     return UDT_OK;
 }
 

@@ -33,6 +33,7 @@ struct udt_engine_options {
     uint32_t end_repeats;       /* copies of each END marker (they can be lost too) */
     uint32_t credit_refresh_us; /* resend our credit this often while waiting */
     uint32_t reorder_grace_us;  /* after an END, wait this long for stragglers */
+    uint32_t busy_poll_us;      /* spin this long for the next datagram before sleeping */
     uint32_t idle_close_us;     /* a step that lost chunks closes after this long without arrivals (0 = never) */
 };
 

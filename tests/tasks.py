@@ -91,3 +91,12 @@ def stats_after_allreduce(comm, count, deadline):
 
 def session_of(comm, prefix):
     return int(bytes(comm.store.get(f"{prefix}/session")).decode(), 16)
+
+
+def late_allreduce(comm, late_rank, delay_s, deadline):
+    """One rank joins late; everyone else is already waiting."""
+    if comm.rank == late_rank:
+        time.sleep(delay_s)
+    tensor = np.full(1000, comm.rank + 1, dtype=np.float32)
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+    return bool(np.all(tensor == comm.world_size * (comm.world_size + 1) / 2)), stats.delivered_fraction

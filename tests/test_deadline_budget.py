@@ -57,3 +57,11 @@ def test_bursts_finish_within_deadline():
     timings = cluster.run(tasks.allreduce_catching, 4000, 1.0, DEADLINE)
     for _, error, elapsed in timings:
         assert error is None and elapsed <= DEADLINE + 1.0
+
+
+def test_a_late_rank_is_not_a_silent_rank():
+    """A rank that joins a call late, but well within the deadline, is waited
+    for: no PeerTimeout, nothing lost."""
+    cluster = get_cluster(3, chunk_bytes=256)
+    for exact, delivered in cluster.run(tasks.late_allreduce, 2, 0.8, 4.0):
+        assert exact and delivered == 1.0

@@ -49,7 +49,7 @@ class Communicator:
         try:
             self._engine = _native.RingEngine(endpoint, rank, world_size, session_id, chunk_bytes, options.window_bytes,
                                               options.end_repeats, options.credit_refresh_us, options.reorder_grace_us,
-                                              options.idle_close_us)
+                                              options.idle_close_us, options.busy_poll_us)
             self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
             self.close()
