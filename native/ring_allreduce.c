@@ -82,6 +82,7 @@ struct call {
     uint32_t window_chunks;
     int heard_upstream, heard_downstream;
     int credited; /* the downstream granted credit for this call */
+    int downstream_moved_on;
     uint16_t silent_rank;  /* a rank known to be silent; stamped on everything we send */
     int silence_is_ours;   /* we concluded it ourselves (not told), so hearing it later clears it */
     int32_t mismatched_rank;
@@ -186,6 +187,8 @@ static int grant_credit(struct call *c, uint64_t now, int force)
 /* Send as much of the current send step as credit and the socket allow. */
 static int send_some(struct call *c)
 {
+    if (c->downstream_moved_on)
+        c->send_step = c->steps;
     if (c->send_step >= c->steps)
         return 0;
     if (c->send_step > 0 && !c->finalized[c->send_step - 1])
@@ -285,11 +288,13 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         st->dropped_foreign++;
         return;
     }
-    /* Any datagram of this session proves its sender alive, even one for
-     * another call: a rank that is late is not a rank that is dead. */
-    if (h.source_rank == c->downstream && h.kind == UDT_KIND_CREDIT)
+    /* A neighbour is alive for this call if it sent anything for this call
+     * or the next. (Not for an earlier one: those may have waited in our
+     * socket since before the neighbour died.) */
+    int current = h.sequence == c->sequence || h.sequence == c->sequence + 1;
+    if (current && h.source_rank == c->downstream && h.kind == UDT_KIND_CREDIT)
         c->heard_downstream = 1;
-    if (h.source_rank == c->upstream && h.kind != UDT_KIND_CREDIT)
+    if (current && h.source_rank == c->upstream && h.kind != UDT_KIND_CREDIT)
         c->heard_upstream = 1;
     if (c->silence_is_ours && (c->heard_upstream || c->silent_rank != c->upstream) &&
         (c->heard_downstream || c->silent_rank != c->downstream)) {
@@ -304,6 +309,9 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
             if (h.credit > c->credit_limit)
                 c->credit_limit = h.credit;
         } else if (h.sequence == c->sequence + 1) {
+            /* The downstream finished this call: what we have not sent it yet
+             * would arrive stale. Stop sending; keep the credit for the next call. */
+            c->downstream_moved_on = 1;
             if (c->comm->early_credit_sequence != h.sequence || h.credit > c->comm->early_credit)
                 c->comm->early_credit = h.credit;
             c->comm->early_credit_sequence = h.sequence;
@@ -445,8 +453,9 @@ static void close_step(struct call *c, uint32_t global_step)
  * time of its last arrival, or 0 when there is no evidence of loss. */
 static uint64_t step_idle_since(const struct call *c, uint32_t g)
 {
-    int hole = c->step_received[g] < c->chunks_seen_end[g] || (c->announced[g] && c->step_received[g] < c->announced[g]);
-    if (c->comm->options.idle_close_us == 0 || !hole)
+    /* Only a chunk missing below one that arrived is evidence: a step still
+     * in progress is short of its announced count too. */
+    if (c->comm->options.idle_close_us == 0 || c->step_received[g] >= c->chunks_seen_end[g])
         return 0;
     return c->last_arrival_ns[g];
 }
@@ -654,6 +663,9 @@ static int run_steps(struct call *c)
         uint64_t refresh = c->granted_at_ns + (uint64_t)c->comm->options.credit_refresh_us * 1000ull;
         if (c->recv_step < c->steps && refresh < wake)
             wake = refresh;
+        uint64_t remind = c->reminded_at_ns + (uint64_t)c->comm->options.credit_refresh_us * 1000ull;
+        if (!c->credited && c->sequence > 1 && remind < wake)
+            wake = remind;
         if (c->recv_step < c->steps && step_idle_since(c, c->recv_step)) {
             uint64_t idle = step_idle_since(c, c->recv_step) + (uint64_t)c->comm->options.idle_close_us * 1000ull;
             if (idle < wake)

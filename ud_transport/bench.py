@@ -6,7 +6,6 @@ ranks, same sizes, same run. Prints an nccl-tests-style table.
 """
 import argparse
 import json
-import resource
 import sys
 import time
 
@@ -35,6 +34,24 @@ def rank_input(seed, rank, count, dtype):
     return values.astype(dtype)
 
 
+def _memory_kib(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_memory():
+    """Make VmHWM restart from the current resident size (Linux clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _progress(total, enabled):
     if not enabled:
         return None
@@ -57,8 +74,6 @@ def run_rank(comm, config):
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
     bar = _progress(total, comm.rank == 0 and config["progress"])
     results = []
-    rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak_after_ud_kib = rss_before_kib
     for backend in backends:
         for nbytes in config["sizes"]:
             dtype = np.dtype(config["dtype"])
@@ -68,11 +83,15 @@ def run_rank(comm, config):
             if config["op"] == "mean":
                 exact /= comm.world_size
             work = np.empty_like(pristine)
+            work[:] = 0  # touch it: its pages belong to the caller, not to the backend
             tensor = torch.from_numpy(work)
-            times, delivered, errors, failures = [], [], [], 0
+            times, delivered, errors, rms_errors, failures = [], [], [], [], 0
+            extra_kib = 0
             for iteration in range(config["warmup"] + config["iterations"]):
                 np.copyto(work, pristine)
                 dist.barrier()
+                resident_kib = _memory_kib("VmRSS")
+                peak_known = _reset_peak_memory()
                 start = time.perf_counter()
                 if backend == "gloo":
                     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if config["op"] == "sum" else dist.ReduceOp.AVG)
@@ -84,20 +103,27 @@ def run_rank(comm, config):
                     except Exception:  # a failed call counts, with its time, and keeps the input
                         fraction, failures = 0.0, failures + 1
                 elapsed = time.perf_counter() - start
+                if peak_known:  # what the call itself added to the resident size at its peak
+                    extra_kib = max(extra_kib, _memory_kib("VmHWM") - resident_kib)
+                else:
+                    extra_kib = None
                 if iteration >= config["warmup"]:
                     times.append(elapsed)
                     delivered.append(fraction)
                     scale = float(np.max(np.abs(exact))) or 1.0
-                    errors.append(float(np.max(np.abs(work.astype(np.float64) - exact))) / scale)
+                    difference = work.astype(np.float64) - exact
+                    errors.append(float(np.max(np.abs(difference))) / scale)
+                    rms_errors.append(float(np.sqrt(np.mean(difference ** 2) / np.mean(exact ** 2))))
+                    del difference
                 if bar:
                     bar.update(1)
             results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
-                                delivered=delivered, max_relative_error=max(errors), failures=failures))
-        if backend == "ud_transport":
-            peak_after_ud_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                delivered=delivered, max_relative_error=max(errors), rms_relative_error=max(rms_errors),
+                                failures=failures, peak_extra_kib=extra_kib))
+            del pristine, exact, work, tensor
     if bar:
         bar.close()
-    return dict(results=results, rss_before_kib=rss_before_kib, rss_peak_after_ud_kib=peak_after_ud_kib)
+    return dict(results=results)
 
 
 def summarize(per_rank, world_size):
@@ -112,18 +138,23 @@ def summarize(per_rank, world_size):
                          p99_ms=p99 * 1e3, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (world_size - 1) / world_size,
                          delivered_percent=100 * float(np.mean([np.mean(e["delivered"]) for e in entries])),
                          max_relative_error=max(e["max_relative_error"] for e in entries),
+                         rms_relative_error=max(e["rms_relative_error"] for e in entries),
+                         peak_extra_mib=(max(e["peak_extra_kib"] for e in entries) / 1024
+                                         if all(e["peak_extra_kib"] is not None for e in entries) else float("nan")),
                          failures=sum(e["failures"] for e in entries)))
     return rows
 
 
 def format_table(rows, dtype):
     header = (f"{'size':>8} {'count':>10} {'type':>8} {'backend':>13} {'p50 ms':>9} {'p99 ms':>9} "
-              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'delivered%':>10} {'max rel err':>11} {'failed':>6}")
+              f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'delivered%':>10} {'max rel err':>11} {'rms rel err':>11} "
+              f"{'failed':>6} {'+peak MiB':>9}")
     lines = [header]
     for r in rows:
         lines.append(f"{human(r['bytes']):>8} {r['count']:>10} {dtype:>8} {r['backend']:>13} {r['p50_ms']:>9.2f} {r['p99_ms']:>9.2f} "
                      f"{r['algbw_gbps']:>10.3f} {r['busbw_gbps']:>10.3f} {r['delivered_percent']:>10.3f} "
-                     f"{r['max_relative_error']:>11.2e} {r['failures']:>6}")
+                     f"{r['max_relative_error']:>11.2e} {r['rms_relative_error']:>11.2e} {r['failures']:>6} "
+                     f"{r['peak_extra_mib']:>9.0f}")
     return "\n".join(lines)
 
 
@@ -181,10 +212,8 @@ def main(argv=None):
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
-    peak = max(r["rss_peak_after_ud_kib"] for r in per_rank) / 1024
-    before = max(r["rss_before_kib"] for r in per_rank) / 1024
-    print(f"# peak resident memory per rank: {before:.0f} MiB before the runs, {peak:.0f} MiB after the ud_transport runs "
-          f"(largest tensor {human(max(config['sizes']))}B)")
+    print("# +peak MiB: the most one call raised a rank's resident memory above what it was just before the call "
+          "(the first, warm-up call includes ud_transport's scratch, which it then keeps)")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(dict(arguments=vars(args), rows=rows, per_rank=per_rank), out)

@@ -24,7 +24,7 @@ class Options:
     end_repeats: int = 3  # copies of each end-of-step marker (they can be lost too)
     credit_refresh_us: int = 2000
     reorder_grace_us: int = 200
-    busy_poll_us: int = 50  # spin for the next datagram this long before sleeping in poll()
+    busy_poll_us: int = 0  # spin this long for the next datagram before sleeping (hurts when ranks share cores)
     idle_close_us: int = 5000  # a step that has lost chunks stops waiting after this long without arrivals
     deadline_cap_s: float = 30.0  # the adaptive default deadline never exceeds this
     deadline_floor_s: float = 1.0
