@@ -62,6 +62,9 @@ cdef extern from "ring_allreduce.h" nogil:
         double elapsed_s
         double deadline_s
         uint32_t sequence
+        uint32_t steps_ended
+        uint32_t steps_superseded
+        uint32_t steps_idle_closed
         uint32_t steps_timed_out
         uint32_t idle_waits
         uint32_t credit_stalls

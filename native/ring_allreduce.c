@@ -473,12 +473,16 @@ static int close_ready_steps(struct call *c, uint64_t now)
         int ended = c->end_seen_ns[g] && now - c->end_seen_ns[g] >= (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
         /* the upstream already sends a later step: all of this one that will come, came */
         int superseded = c->highest_step_seen > g + 1;
-        int idle = step_idle_since(c, g) && now - step_idle_since(c, g) >= (uint64_t)c->comm->options.idle_close_us * 1000ull;
+        /* idle counts only once the upstream had credit for the whole step:
+         * otherwise its silence may be our own flow control */
+        int idle = step_idle_since(c, g) && c->granted >= g * c->max_chunks + expected &&
+                   now - step_idle_since(c, g) >= (uint64_t)c->comm->options.idle_close_us * 1000ull;
         int overdue = now >= c->step_deadline_ns;
         if (!complete && !ended && !superseded && !idle && !overdue)
             break;
-        if (!complete && !ended && !superseded && !idle)
-            c->stats->steps_timed_out++;
+        if (!complete)
+            ended ? c->stats->steps_ended++ : superseded ? c->stats->steps_superseded++
+                  : idle ? c->stats->steps_idle_closed++ : c->stats->steps_timed_out++;
         close_step(c, g);
         c->recv_step++;
         set_step_deadline(c, now);

@@ -52,7 +52,11 @@ struct udt_allreduce_stats {
     double elapsed_s;
     double deadline_s;
     uint32_t sequence;
-    uint32_t steps_timed_out;
+    /* how receive steps that missed chunks were closed */
+    uint32_t steps_ended;        /* by the sender's END marker */
+    uint32_t steps_superseded;   /* by data of a later step */
+    uint32_t steps_idle_closed;  /* quiet after a gap */
+    uint32_t steps_timed_out;    /* by their share of the deadline */
     uint32_t idle_waits;        /* times the engine slept waiting for the network */
     uint32_t credit_stalls;     /* times sending stopped at the receiver's credit limit */
     int32_t silent_rank;         /* -1 when every peer was heard */

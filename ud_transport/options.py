@@ -25,7 +25,7 @@ class Options:
     credit_refresh_us: int = 2000
     reorder_grace_us: int = 200
     busy_poll_us: int = 0  # spin this long for the next datagram before sleeping (hurts when ranks share cores)
-    idle_close_us: int = 5000  # a step that has lost chunks stops waiting after this long without arrivals
+    idle_close_us: int = 20000  # a step with a gap stops waiting after this long without arrivals
     deadline_cap_s: float = 30.0  # the adaptive default deadline never exceeds this
     deadline_floor_s: float = 1.0
     deadline_multiplier: float = 4.0  # default deadline = multiplier x recent typical time

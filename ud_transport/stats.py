@@ -18,7 +18,10 @@ class AllreduceStats:
     dropped_invalid: int
     dropped_early: int
     injected_drops: int
-    steps_timed_out: int
+    steps_ended: int  # receive steps with missing chunks closed by the END marker,
+    steps_superseded: int  # by data of a later step,
+    steps_idle_closed: int  # by quiet after a gap,
+    steps_timed_out: int  # or by their share of the deadline
     idle_waits: int
     credit_stalls: int
     deadline_expired: bool
