@@ -35,8 +35,8 @@ def _numpy_view(array):
 
 def _torch_view(tensor):
     if tensor.device.type != "cpu":
-        raise ValueError(f"allreduce takes CPU tensors here, got one on {tensor.device}; "
-                         "use ud_transport.torch for device tensors")
+        raise ValueError(f"allreduce takes CPU tensors, got one on {tensor.device}: "
+                         "copy it to the host (t.cpu()), reduce that, and copy the result back")
     if not tensor.is_contiguous():
         raise ValueError("allreduce needs a contiguous tensor (call .contiguous() and copy the result back)")
     if tensor.is_sparse or tensor.is_quantized:
