@@ -16,25 +16,21 @@ class LossBudgetExceeded(TransportError):
         return type(self), (str(self), self.stats)
 
 
-class PeerTimeout(TransportError):
+class RankError(TransportError):
+    """An error caused by one identifiable rank (`.rank`)."""
+
+    def __init__(self, message, rank, stats=None):
+        super().__init__(message)
+        self.rank = rank
+        self.stats = stats
+
+    def __reduce__(self):
+        return type(self), (str(self), self.rank, self.stats)
+
+
+class PeerTimeout(RankError):
     """A rank sent nothing within the deadline."""
 
-    def __init__(self, message, rank, stats=None):
-        super().__init__(message)
-        self.rank = rank
-        self.stats = stats
 
-    def __reduce__(self):
-        return type(self), (str(self), self.rank, self.stats)
-
-
-class LayoutMismatch(TransportError):
+class LayoutMismatch(RankError):
     """Ranks called the same collective with different sizes, dtypes or ops."""
-
-    def __init__(self, message, rank, stats=None):
-        super().__init__(message)
-        self.rank = rank
-        self.stats = stats
-
-    def __reduce__(self):
-        return type(self), (str(self), self.rank, self.stats)
