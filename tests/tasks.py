@@ -100,3 +100,14 @@ def late_allreduce(comm, late_rank, delay_s, deadline):
     tensor = np.full(1000, comm.rank + 1, dtype=np.float32)
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
     return bool(np.all(tensor == comm.world_size * (comm.world_size + 1) / 2)), stats.delivered_fraction
+
+
+def mismatched_allreduce(comm, deadline):
+    """Every rank calls with a different element count: a caller's bug."""
+    tensor = np.ones(100 + 10 * comm.rank, dtype=np.float32)
+    try:
+        comm.allreduce(tensor, loss_budget=1.0, deadline=deadline)
+        error = None
+    except ud_transport.TransportError as caught:
+        error = caught
+    return error, bool(np.all(tensor == 1))

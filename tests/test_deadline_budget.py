@@ -65,3 +65,13 @@ def test_a_late_rank_is_not_a_silent_rank():
     cluster = get_cluster(3, chunk_bytes=256)
     for exact, delivered in cluster.run(tasks.late_allreduce, 2, 0.8, 4.0):
         assert exact and delivered == 1.0
+
+
+def test_ranks_calling_with_different_sizes_get_layout_mismatch():
+    cluster = get_cluster(3, chunk_bytes=256)
+    for rank, (error, unchanged) in enumerate(cluster.run(tasks.mismatched_allreduce, 1.0)):
+        assert isinstance(error, ud_transport.LayoutMismatch), repr(error)
+        assert error.rank == (rank - 1) % 3 and unchanged
+    # the communicator is still usable afterwards
+    for exact, delivered in cluster.run(tasks.late_allreduce, 0, 0.0, 5.0):
+        assert exact and delivered == 1.0
