@@ -258,7 +258,10 @@ def test_parse_kernel_depends():
 def test_shares_default_to_the_working_directory_but_never_root(tmp_path):
     assert runner.choose_shares(str(tmp_path), None) == [str(tmp_path)]
     assert runner.choose_shares("/", None) == []
-    assert runner.choose_shares(str(tmp_path), []) == []
+    assert runner.choose_shares("/work/repo", []) == []
+    # a directory the guest hides under its own tmpfs (a clone in /tmp) is shared regardless
+    assert runner.choose_shares("/tmp/clone", []) == ["/tmp/clone"]
+    assert runner.choose_shares("/tmp/clone/tests", ["/tmp/clone"]) == ["/tmp/clone"]
 
 
 def test_guest_env_passes_the_python_setup_and_extras(monkeypatch):

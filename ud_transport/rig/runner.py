@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,9 +37,24 @@ def guest_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def choose_shares(cwd: str, shares: Sequence[str] | None) -> list[str]:
-    """Writable shares: the given ones, or by default the working directory (never "/")."""
+# The guest mounts fresh tmpfs here, hiding what the host has under them.
+GUEST_TMPFS = ("/tmp", "/run", "/dev/shm")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def choose_shares(cwd: str, shares: Sequence[str] | None, needed: Sequence[str] = ()) -> list[str]:
+    """Writable shares: the given ones, or by default the working directory (never "/").
+    The working directory and the `needed` paths (the Python environment) are
+    shared regardless when they lie under a folder the guest covers with tmpfs
+    (a clone or a venv in /tmp, say): the guest could not see them otherwise."""
     chosen = [str(Path(p).resolve()) for p in (shares if shares is not None else [cwd])]
+    for path in [cwd, *needed]:
+        hidden = any(_inside(path, folder) for folder in GUEST_TMPFS)
+        if hidden and not any(_inside(path, share) for share in chosen):
+            chosen.append(path)
     return [p for p in dict.fromkeys(chosen) if p != "/"]
 
 
@@ -71,7 +87,8 @@ def run_detailed(
     nonce = new_nonce()
     setups = [GuestSetup(nonce=nonce, argv=commands[n], cwd=cwd, env=base_env, node=n, nodes=nodes,
                          netem_loss=netem_loss) for n in range(nodes)]
-    return run_guests(kit, setups, options, choose_shares(cwd, shares), timeout=timeout,
+    python_environment = [str(Path(sys.prefix).resolve())]
+    return run_guests(kit, setups, options, choose_shares(cwd, shares, python_environment), timeout=timeout,
                       output=output, echo_boot=echo_boot)
 
 
