@@ -7,11 +7,15 @@ import re as _re
 from libc.errno cimport errno as c_errno
 
 
+# names as strerrorname_np() gives them (and as the C transport prints them)
+_ERRNO_NAMES = {_errno.EOPNOTSUPP: "EOPNOTSUPP", _errno.EAGAIN: "EAGAIN"}
+
+
 class VerbsError(OSError):
     """A libibverbs call failed."""
 
     def __init__(self, verb, errno_value, obj, detail=None):
-        name = _errno.errorcode.get(errno_value, "E?")
+        name = _ERRNO_NAMES.get(errno_value) or _errno.errorcode.get(errno_value, "E?")
         message = f"{verb} failed: {name} ({errno_value}) [{obj}]"
         if detail:
             message += f": {detail}"

@@ -17,7 +17,8 @@ PORT_ACTIVE = IBV_PORT_ACTIVE
 
 def format_gid(bytes gid):
     """A GID as text: IPv4-mapped ones as ::ffff:a.b.c.d, others as IPv6."""
-    return str(_ipaddress.IPv6Address(gid))
+    address = _ipaddress.IPv6Address(gid)
+    return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped is not None else str(address)
 
 
 def gid_ipv4(bytes gid):

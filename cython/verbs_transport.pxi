@@ -116,9 +116,10 @@ cdef class VerbsTransport(Transport):
                 udt_transport_wait(self.ptr, <int>(min(left, 0.1) * 1e6))
         return [(items[i].peer, items[i].data[:items[i].bytes]) for i in range(got)]
 
-    def stream_send(self, uint32_t peer, uint64_t count, uint32_t datagram_bytes, uint64_t session_id):
+    def stream_send(self, uint32_t peer, uint64_t count, uint32_t datagram_bytes, uint64_t session_id,
+                    uint32_t first_index=0):
         """Send `count` DATA datagrams of `datagram_bytes` (header included) to a peer as
-        fast as the send ring allows, chunk_index numbering them. Returns
+        fast as the send ring allows, chunk_index numbering them from first_index. Returns
         {sent, seconds, ring_full_waits}."""
         cdef udt_send_item items[32]
         cdef uint8_t headers[32][44]
@@ -148,7 +149,7 @@ cdef class VerbsTransport(Transport):
                 while sent < count:
                     n = <int>(count - sent if count - sent < 32 else 32)
                     for i in range(n):
-                        h.chunk_index = <uint32_t>(sent + i)
+                        h.chunk_index = first_index + <uint32_t>(sent + i)
                         udt_wire_encode(&h, headers[i])
                         items[i].peer = peer
                         items[i].header = headers[i]

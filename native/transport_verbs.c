@@ -186,24 +186,29 @@ static int verbs_set_peers(struct udt_transport *t, const uint8_t *addresses, ui
 
 /* The source GID of a received datagram, from the 40 bytes in front of it.
  * RoCEv2 over IPv4 puts the IPv4 header in the last 20 of them (the first 20
- * are undefined); IB and RoCE over IPv6 put a GRH / IPv6 header there. */
+ * are undefined); IB and RoCE over IPv6 put a GRH / IPv6 header there. Like
+ * libibverbs' ibv_init_ah_from_wc, an IPv4 header is recognised by version,
+ * length and checksum; but a packet looped back inside one device (rxe) has
+ * no checksum computed, so an IPv4-looking header also counts when the first
+ * bytes are not an IPv6 header. */
 static int source_gid(const uint8_t *grh, uint8_t gid[16])
 {
     const uint8_t *ip4 = grh + 20;
+    int ipv6 = (grh[0] >> 4) == 6;
     if (ip4[0] == 0x45) {
         uint32_t sum = 0;
         for (int i = 0; i < 20; i += 2)
             sum += (uint32_t)ip4[i] << 8 | ip4[i + 1];
         while (sum >> 16)
             sum = (sum & 0xffff) + (sum >> 16);
-        if (sum == 0xffff) {
+        if (sum == 0xffff || !ipv6) {
             memset(gid, 0, 10);
             gid[10] = gid[11] = 0xff;
             memcpy(gid + 12, ip4 + 12, 4);
             return 0;
         }
     }
-    if ((grh[0] >> 4) == 6) {
+    if (ipv6) {
         memcpy(gid, grh + 8, 16);
         return 0;
     }

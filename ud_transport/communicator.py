@@ -40,6 +40,10 @@ class Communicator:
         # all ranks then use the same chunk size, which fits everyone's MTU.
         mine = struct.pack("<I", endpoint.max_datagram_bytes) + endpoint.address
         everyone = rendezvous.exchange(store, f"{prefix}/address", rank, world_size, mine, timeout)
+        if len({len(v) for v in everyone}) != 1:
+            kinds = sorted({len(v) - 4 for v in everyone})
+            raise TransportError(f"ranks opened different transports (address sizes {kinds} bytes): "
+                                 "set the same transport (UD_TRANSPORT) on every rank")
         largest_payload = min(struct.unpack_from("<I", v)[0] for v in everyone) - _native.HEADER_BYTES
         chunk_bytes = options.chunk_bytes or largest_payload
         if chunk_bytes > largest_payload:

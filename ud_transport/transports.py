@@ -10,29 +10,106 @@ log = logging.getLogger("ud_transport")
 
 TRANSPORTS = ("auto", "udp", "verbs")
 
+# Posted receives beyond the engine's window: credits, END markers, stragglers of a closed step.
+RECEIVE_SLACK = 256
+SEND_DEPTH = 512
+
+
+def rdma_available():
+    """True when libibverbs sees a device with an ACTIVE port."""
+    return _native.verbs_active_device_count() > 0
+
 
 def choose(requested):
-    """Resolve "auto" (and the UD_TRANSPORT override) to a concrete transport."""
+    """Resolve "auto" (and the UD_TRANSPORT override) to a concrete transport:
+    verbs when an RDMA device has an active port, UDP otherwise."""
     requested = os.environ.get("UD_TRANSPORT", requested) or "auto"
     if requested not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {requested!r}")
     if requested == "verbs":
-        raise TransportError("the verbs (RDMA UD) transport is not available in this build yet; use transport='udp'")
+        if not rdma_available():
+            raise TransportError("transport='verbs' needs an RDMA device with an active port and there is none here "
+                                 f"({_why_no_rdma()}); use transport='udp' or 'auto', "
+                                 "or see `python -m ud_transport info`")
+        return "verbs"
     if requested == "auto":
-        if _native.verbs_active_device_count() > 0:
-            log.warning("an active RDMA device exists but the verbs transport is not available yet; using UDP")
-        return "udp"
+        return "verbs" if rdma_available() else "udp"
     return requested
+
+
+def _why_no_rdma():
+    try:
+        names = _native.device_names()
+        if not names:
+            _native.Context()  # raises with the reason (e.g. ENOSYS: no RDMA in this kernel)
+        return f"devices {', '.join(names)} have no active port"
+    except OSError as error:
+        return str(error)
+
+
+def verbs_settings(options):
+    """(device, port, gid_index) asked for: keyword options win over UD_DEVICE, UD_PORT,
+    UD_GID_INDEX; None / 0 / -1 mean "choose"."""
+    device = getattr(options, "device", "") or os.environ.get("UD_DEVICE") or None
+    port = getattr(options, "port", 0) or int(os.environ.get("UD_PORT", "0") or 0)
+    gid_index = getattr(options, "gid_index", -1)
+    if gid_index is None or gid_index < 0:
+        gid_index = int(os.environ.get("UD_GID_INDEX", "-1") or -1)
+    return device, port, gid_index
+
+
+def receive_depth(options, datagram_bytes, device_limit):
+    """Receives to keep posted: the engine's whole window of chunks, plus slack. An unposted
+    receive drops a UD datagram silently, so this is what keeps a healthy link lossless."""
+    asked = getattr(options, "receive_depth", 0)
+    if asked:
+        return min(asked, device_limit)
+    chunk = options.chunk_bytes or (datagram_bytes - _native.HEADER_BYTES)
+    chunk -= chunk % 8 if chunk >= 8 else 0
+    window_chunks = max(options.window_bytes // max(chunk, 1), 16)
+    depth = window_chunks + RECEIVE_SLACK
+    if depth > device_limit:
+        log.warning("window_bytes=%d needs %d posted receives but the device allows %d: datagrams beyond that "
+                    "would be dropped on arrival; lower window_bytes (UD_WINDOW_BYTES)",
+                    options.window_bytes, depth, device_limit)
+        depth = device_limit
+    return depth
+
+
+def open_verbs(bind_address, options, session_id):
+    """A verbs UD transport: device/port/GID chosen (or as given), Q_Key from the session."""
+    device, port, gid_index = verbs_settings(options)
+    prefer = bind_address if bind_address and not bind_address.startswith("127.") else None
+    try:
+        endpoint = _native.choose_endpoint(device, port, gid_index, prefer)
+        mtu = endpoint["active_mtu"]
+        # With a small chunk_bytes, small receive buffers: the window then costs little memory.
+        datagram = min(mtu, options.chunk_bytes + _native.HEADER_BYTES) if options.chunk_bytes else mtu
+        depth = receive_depth(options, datagram, endpoint["max_queue_depth"])
+        qkey = _native.qkey_for_session(session_id)
+        transport = _native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], qkey,
+                                                max_datagram_bytes=datagram,
+                                                send_depth=min(SEND_DEPTH, endpoint["max_queue_depth"]),
+                                                recv_depth=depth)
+    except OSError as error:
+        raise TransportError(f"verbs transport: {error}") from error
+    log.info("verbs: %s port %d gid_index %d (%s %s), qpn 0x%x, qkey 0x%x, datagrams of %d bytes (active MTU %d), "
+             "%d receives posted", endpoint["device"], endpoint["port"], endpoint["gid_index"], endpoint["gid_type"],
+             _native.format_gid(endpoint["gid"]), transport.qpn, qkey, datagram, mtu, depth)
+    return transport
 
 
 def open_transport(name, bind_address, options, rank, session_id):
     """A native Transport for this rank; session_id seeds per-session settings (verbs: the Q_Key)."""
-    if name != "udp":  # pragma: no cover - choose() only returns udp for now
+    if name == "verbs":
+        transport = open_verbs(bind_address, options, session_id)
+    elif name == "udp":
+        try:
+            transport = _native.Transport.udp(bind_address, 0, options.socket_buffer_bytes)
+        except OSError as error:
+            raise TransportError(str(error)) from error
+    else:
         raise TransportError(f"unknown transport {name!r}")
-    try:
-        transport = _native.Transport.udp(bind_address, 0, options.socket_buffer_bytes)
-    except OSError as error:
-        raise TransportError(str(error)) from error
     if options.inject is not None:
         transport.inject_loss(seed=rank_seed(options.inject.seed, rank), **options.inject.native_parameters())
     return transport

@@ -1,0 +1,138 @@
+"""Benchmark on the rig's rxe device, in one guest run: perftest's ib_send_bw -c UD (the rig's
+physical limit), ud_transport's point-to-point datagram stream, and its allreduce busbw.
+
+    python -m ud_transport.rig run --timeout 900 -- python tests/verbs_guest/bench_rig.py
+
+Prints a Markdown table (see ud_transport/rig/VERBS_NOTES.md). TCG speed is not NIC speed:
+compare the rows with each other, not with hardware.
+"""
+import argparse
+import multiprocessing
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ranks import run_ranks  # noqa: E402
+
+from ud_transport import _native as native  # noqa: E402
+
+SESSION = 0x5EED
+
+
+def perftest(size, iterations):
+    """ib_send_bw -c UD -x 1 between two processes on the one device: (MB/s, messages/s)."""
+    endpoint = native.choose_endpoint()
+    common = ["ib_send_bw", "-d", endpoint["device"], "-i", str(endpoint["port"]), "-x", str(endpoint["gid_index"]),
+              "-c", "UD", "-s", str(size), "-n", str(iterations), "-F"]
+    server = subprocess.Popen(["timeout", "120"] + common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(2)
+    client = subprocess.run(["timeout", "120"] + common + ["127.0.0.1"], capture_output=True, text=True)
+    server_out = server.communicate()[0]
+    rows = []
+    for text in (client.stdout, server_out):
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) == 5 and fields[0] == str(size) and re.match(r"^\d+$", fields[1]):
+                rows.append((float(fields[3]), float(fields[4]) * 1e6))  # BW average [MB/sec], MsgRate [Mpps]
+    if not rows:
+        raise RuntimeError(f"no ib_send_bw result:\n{client.stdout}\n{client.stderr}\n{server_out}")
+    return rows[0], " ".join(common) + " [127.0.0.1]"
+
+
+def _stream_receiver(connection, count, recv_depth):
+    endpoint = native.choose_endpoint()
+    transport = native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77,
+                                           recv_depth=recv_depth)
+    connection.send(transport.address)
+    sender = connection.recv()
+    transport.set_peers([sender, transport.address])
+    connection.send("ready")
+    connection.send(transport.stream_receive(count, SESSION, 60.0, 2.0))
+
+
+def stream(count, size, recv_depth=16384):
+    """ud_transport's datagram stream (native loops, GIL released) between two processes."""
+    endpoint = native.choose_endpoint()
+    transport = native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77)
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe()
+    receiver = context.Process(target=_stream_receiver, args=(child, count, recv_depth))
+    receiver.start()
+    peer = parent.recv()
+    parent.send(transport.address)
+    transport.set_peers([transport.address, peer])
+    assert parent.recv() == "ready"
+    sent = transport.stream_send(1, count, size, SESSION)
+    received = parent.recv()
+    receiver.join()
+    return sent, received
+
+
+def allreduce_calls(comm, nbytes, warmup, iterations):
+    count = nbytes // 4
+    data = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
+    times, fractions = [], []
+    for i in range(warmup + iterations):
+        work = data.copy()
+        stats = comm.allreduce(work, loss_budget=1.0, deadline=60.0)
+        if i >= warmup:
+            times.append(stats.elapsed_s)
+            fractions.append(stats.delivered_fraction)
+    return times, fractions, comm.chunk_bytes
+
+
+def allreduce(world, nbytes, transport, warmup=1, iterations=5):
+    results = run_ranks(range(world), world, tempfile.mkdtemp(), allreduce_calls, nbytes, warmup, iterations,
+                        transport=transport, idle_close_us=500_000, deadline_cap_s=60.0)
+    per_call = [max(r[0][i] for r in results) for i in range(iterations)]  # the slowest rank ends the call
+    seconds = statistics.median(per_call)
+    delivered = min(min(r[1]) for r in results)
+    return seconds, delivered, results[0][2]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5)
+    arguments = parser.parse_args()
+    print(f"device: {native.choose_endpoint()}", flush=True)
+
+    print("\n| what | size | messages | MB/s | messages/s | delivered |\n|---|---|---|---|---|---|")
+    perf_rates, ours = [], []
+    for _ in range(arguments.repeats):  # alternate, so drift in the emulator hits both alike
+        (mbps, rate), command = perftest(arguments.size, arguments.messages)
+        perf_rates.append(rate)
+        print(f"| ib_send_bw -c UD -x 1 | {arguments.size} | {arguments.messages} | {mbps:.1f} | {rate:,.0f} | |", flush=True)
+        sent, received = stream(arguments.messages, arguments.size)
+        send_rate = sent["sent"] / sent["seconds"]
+        receive_rate = received["received"] / received["seconds"] if received["seconds"] > 0 else float("nan")
+        ours.append(min(send_rate, receive_rate))
+        print(f"| ud_transport stream | {arguments.size} | {arguments.messages} | "
+              f"{receive_rate * arguments.size / 1e6:.1f} | send {send_rate:,.0f} / receive {receive_rate:,.0f} | "
+              f"{received['received'] / arguments.messages:.2%} |", flush=True)
+    ratio = statistics.median(ours) / statistics.median(perf_rates)
+    print(f"\nstream / ib_send_bw message rate (medians): {ratio:.2f} (target >= 0.70)")
+    print(f"perftest command: {command}", flush=True)
+
+    print("\n| transport | ranks | size | chunk | time (median) | algbw MB/s | busbw MB/s | delivered |\n|---|---|---|---|---|---|---|---|")
+    for transport in ("verbs", "udp"):
+        for world in (2, 4):
+            for nbytes in (1 << 20, 8 << 20):
+                seconds, delivered, chunk = allreduce(world, nbytes, transport)
+                algbw = nbytes / seconds / 1e6
+                busbw = algbw * 2 * (world - 1) / world
+                print(f"| {transport} | {world} | {nbytes >> 20} MiB | {chunk} | {seconds * 1e3:.1f} ms | {algbw:.1f} | "
+                      f"{busbw:.1f} | {delivered:.2%} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Ranks for the verbs tests in the SoftRoCE guest, without torch.
+
+Importing torch takes 30-80 s per process under TCG, so LocalCluster (which rendezvous
+through torch's TCPStore) would spend most of the CI time importing. These ranks are forked
+from a parent that has already imported numpy and ud_transport, and rendezvous through
+DirectoryStore: a directory as a key-value store with the three methods ud_transport's
+rendezvous uses (set, get, wait). On the 9p share the rig mounts in both guests, the same
+directory works across guests. Everything below the store is the production path:
+Communicator, transports.open_transport, the verbs transport, the engine.
+"""
+import datetime
+import multiprocessing
+import os
+import time
+import traceback
+import urllib.parse
+
+
+class DirectoryStore:
+    """set/get/wait over files in one directory (atomic by rename)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def _path(self, key):
+        return os.path.join(self.directory, urllib.parse.quote(key, safe=""))
+
+    def set(self, key, value):
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        temporary = f"{self._path(key)}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as out:
+            out.write(data)
+        os.replace(temporary, self._path(key))
+
+    def get(self, key):
+        with open(self._path(key), "rb") as source:
+            return source.read()
+
+    def wait(self, keys, timeout=datetime.timedelta(seconds=300)):
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        deadline = time.monotonic() + seconds
+        while not all(os.path.exists(self._path(k)) for k in keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if not os.path.exists(self._path(k))]
+                raise TimeoutError(f"store keys not set within {seconds:.0f} s: {missing}")
+            time.sleep(0.01)
+
+
+def _rank_main(rank, world_size, store_directory, init_options, function, arguments, connection):
+    try:
+        import ud_transport
+        from ud_transport import options
+
+        store = DirectoryStore(store_directory)
+        with ud_transport.Communicator(rank, world_size, store, init_options.pop("transport", "verbs"),
+                                       options.build(**init_options)) as comm:
+            comm.store = store
+            connection.send(("ok", function(comm, *arguments)))
+    except BaseException as error:  # report, never hang the parent
+        connection.send(("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    finally:
+        connection.close()
+
+
+def run_ranks(ranks, world_size, store_directory, function, *arguments, timeout_s=600, **init_options):
+    """Run function(comm, *arguments) on `ranks` (of world_size), each a forked process with
+    its own Communicator; returns their results in order, or raises with every rank's error."""
+    context = multiprocessing.get_context("fork")
+    children = []
+    for rank in ranks:
+        parent, child = context.Pipe(duplex=False)
+        process = context.Process(target=_rank_main, daemon=True,
+                                  args=(rank, world_size, store_directory, dict(init_options), function, arguments, child))
+        process.start()
+        child.close()
+        children.append((rank, process, parent))
+    results, errors = [], []
+    deadline = time.monotonic() + timeout_s
+    for rank, process, connection in children:
+        if connection.poll(max(deadline - time.monotonic(), 0)):
+            try:
+                status, value = connection.recv()
+            except EOFError:
+                status, value = "error", f"rank {rank}: exited with status {process.exitcode} without a result"
+        else:
+            status, value = "error", f"rank {rank}: no result within {timeout_s} s"
+        (results if status == "ok" else errors).append(value)
+    for _, process, _ in children:
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return results
