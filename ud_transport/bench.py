@@ -5,6 +5,7 @@ ranks, same sizes, same run. Prints an nccl-tests-style table.
     python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
 """
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -63,12 +64,20 @@ def _progress(total, enabled):
         return None
 
 
+def store_barrier(store, rank, world_size, name):
+    """Line the ranks up through the store, whose port is exempt from injected
+    kernel loss: a barrier over a lossy link would start ranks skewed by TCP
+    retransmission timeouts and charge that to the next call."""
+    store.set(f"bench-barrier/{name}/{rank}", b"1")
+    store.wait([f"bench-barrier/{name}/{r}" for r in range(world_size)])
+
+
 def run_rank(comm, config):
     """Runs on every rank: time each call of each backend at each size."""
     import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    if config["gloo"] and not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.PrefixStore("bench-gloo", comm.store), rank=comm.rank, world_size=comm.world_size)
     backends = ["ud_transport"] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
@@ -85,11 +94,11 @@ def run_rank(comm, config):
             work = np.empty_like(pristine)
             work[:] = 0  # touch it: its pages belong to the caller, not to the backend
             tensor = torch.from_numpy(work)
-            times, delivered, errors, rms_errors, failures = [], [], [], [], 0
+            times, delivered, errors, rms_errors, failures, engine = [], [], [], [], 0, []
             extra_kib = 0
             for iteration in range(config["warmup"] + config["iterations"]):
                 np.copyto(work, pristine)
-                dist.barrier()
+                store_barrier(comm.store, comm.rank, comm.world_size, f"{backend}/{nbytes}/{iteration}")
                 resident_kib = _memory_kib("VmRSS")
                 peak_known = _reset_peak_memory()
                 start = time.perf_counter()
@@ -98,8 +107,11 @@ def run_rank(comm, config):
                     fraction = 1.0
                 else:
                     try:
-                        fraction = comm.allreduce(work, op=config["op"], loss_budget=config["loss_budget"],
-                                                  deadline=config["deadline"]).delivered_fraction
+                        stats = comm.allreduce(work, op=config["op"], loss_budget=config["loss_budget"],
+                                               deadline=config["deadline"])
+                        fraction = stats.delivered_fraction
+                        if iteration >= config["warmup"]:
+                            engine.append(dataclasses.asdict(stats))
                     except Exception:  # a failed call counts, with its time, and keeps the input
                         fraction, failures = 0.0, failures + 1
                 elapsed = time.perf_counter() - start
@@ -119,7 +131,7 @@ def run_rank(comm, config):
                     bar.update(1)
             results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
                                 delivered=delivered, max_relative_error=max(errors), rms_relative_error=max(rms_errors),
-                                failures=failures, peak_extra_kib=extra_kib))
+                                failures=failures, peak_extra_kib=extra_kib, engine_stats=engine))
             del pristine, exact, work, tensor
     if bar:
         bar.close()

@@ -3,6 +3,7 @@ whose nftables input hook drops packets at random (the output hook would make
 sendto fail with EPERM instead of losing the packet). Needs root, iproute2
 and nftables. Traffic never leaves the namespace's own loopback."""
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -19,13 +20,17 @@ def unavailable_reason():
 
 
 def _rules(udp_loss, tcp_loss, exempt_tcp_port):
+    """nftables rules. The exemption is a separate accept rule: on the kernels
+    and nftables we run, `tcp sport != P tcp dport != P` matched every packet."""
     per_million = lambda p: int(round(p * 1_000_000))  # noqa: E731
     lines = ["table inet udt_loss {", "  chain input {", "    type filter hook input priority 0; policy accept;"]
+    if tcp_loss > 0 and exempt_tcp_port:
+        lines.append(f"    tcp dport {exempt_tcp_port} counter accept")
+        lines.append(f"    tcp sport {exempt_tcp_port} counter accept")
     if udp_loss > 0:
-        lines.append(f"    meta l4proto udp numgen random mod 1000000 < {per_million(udp_loss)} drop")
+        lines.append(f"    meta l4proto udp numgen random mod 1000000 < {per_million(udp_loss)} counter drop")
     if tcp_loss > 0:
-        exempt = f"tcp sport != {exempt_tcp_port} tcp dport != {exempt_tcp_port} " if exempt_tcp_port else ""
-        lines.append(f"    meta l4proto tcp {exempt}numgen random mod 1000000 < {per_million(tcp_loss)} drop")
+        lines.append(f"    meta l4proto tcp numgen random mod 1000000 < {per_million(tcp_loss)} counter drop")
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -55,6 +60,13 @@ class LossyNamespace:
         """The nftables rule set with packet counters, for diagnostics."""
         out = subprocess.run(["ip", "netns", "exec", self.name, "nft", "list", "ruleset"], capture_output=True, text=True)
         return out.stdout
+
+    def dropped_packets(self, protocol="udp"):
+        """Packets the drop rule for `protocol` has dropped so far."""
+        for line in self.counters().splitlines():
+            if f"l4proto {protocol}" in line and line.rstrip().endswith("drop"):
+                return int(re.search(r"packets (\d+)", line).group(1))
+        return 0
 
     def close(self):
         subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
