@@ -206,8 +206,6 @@ static int send_some(struct call *c)
         /* reduce-scatter sends every chunk; all-gather only those that reached us */
         for (uint32_t k = 0; k < chunk_count; k++)
             c->send_announced += all_gather ? c->final_count[base + k] != 0 : 1;
-        if (c->send_announced == 0)
-            c->send_announced = UINT32_MAX; /* nothing to send: only END */
     }
     int identity = c->accum_bytes == c->wire_bytes;
     for (; chunk < chunk_count && n < SEND_BATCH; chunk++) {
@@ -394,7 +392,7 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
     c->arrived[id] |= bit | SCRATCH_VALID;
     c->step_received[global_step]++;
     c->last_arrival_ns[global_step] = now;
-    if (h.credit && c->announced[global_step] == 0)
+    if (h.credit && h.credit <= chunks_in_segment(c, segment) && c->announced[global_step] == 0)
         c->announced[global_step] = h.credit;
     if (h.chunk_index + 1 > c->chunks_seen_end[global_step])
         c->chunks_seen_end[global_step] = h.chunk_index + 1;
@@ -469,7 +467,7 @@ static int close_ready_steps(struct call *c, uint64_t now)
         uint32_t g = c->recv_step;
         uint32_t expected = chunks_in_segment(c, actual_segment(c, udt_recv_segment(c->rank, c->world_size, g)));
         int complete = c->step_received[g] >= expected ||
-                       (c->announced[g] && c->announced[g] != UINT32_MAX && c->step_received[g] >= c->announced[g]);
+                       (c->announced[g] && c->step_received[g] >= c->announced[g]);
         int ended = c->end_seen_ns[g] && now - c->end_seen_ns[g] >= (uint64_t)c->comm->options.reorder_grace_us * 1000ull;
         /* the upstream already sends a later step: all of this one that will come, came */
         int superseded = c->highest_step_seen > g + 1;

@@ -1,16 +1,17 @@
 """Tests of the SoftRoCE rig (ud_transport.rig).
 
 The pure parts (module ordering, cpio, markers, generated scripts, qemu command line) run
-everywhere. One integration test boots a guest and checks that rxe0 is there and ACTIVE; it
-skips with the reason when qemu or the cached kit is missing, except under CI, where it builds
-the kit and must run.
+everywhere. Two integration tests boot a guest each: one checks that rxe0 is there and ACTIVE,
+the other runs host mode (native.py) inside the guest, whose kernel has rxe. They skip with the
+reason when qemu or the cached kit is missing, except under CI, where the kit is built and they
+must run.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
-import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -18,8 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import IN_CI, skip_or_fail
 
-from ud_transport.rig import apt, cpio, guest, initscript, kit, markers, modules, runner
+from ud_transport.rig import apt, cpio, guest, initscript, kit, markers, modules, native, runner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -278,17 +280,14 @@ def test_netem_loss_is_validated():
         runner.run_detailed(["true"], netem_loss="10", nodes=2)
 
 
-# ---- integration: one boot -------------------------------------------------------------------
+# ---- integration: one boot each -------------------------------------------------------------
 
 def _kit_for_test() -> kit.Kit:
-    in_ci = bool(os.environ.get("CI"))
-    if shutil.which(guest.QEMU) is None and not in_ci:
-        pytest.skip(f"{guest.QEMU} not installed (apt: qemu-system-x86; or `python -m ud_transport.rig deps`)")
-    if not in_ci:
-        cached = kit.cached_kits()
-        if not cached:
-            pytest.skip(f"no guest kit cached in {kit.cache_root()} "
-                        "(build it with `python -m ud_transport.rig kit`; CI builds it)")
+    if shutil.which(guest.QEMU) is None:
+        skip_or_fail(f"{guest.QEMU} not installed (apt: qemu-system-x86; or `python -m ud_transport.rig deps`)")
+    if not IN_CI and not kit.cached_kits():
+        skip_or_fail(f"no guest kit cached in {kit.cache_root()} "
+                     "(build it with `python -m ud_transport.rig kit`; CI builds it)")
     return kit.get_kit()   # under CI this downloads and builds when needed
 
 
@@ -301,3 +300,27 @@ def test_guest_has_an_active_rxe0_with_mtu_4096():
     text = output.getvalue()
     assert [r.status for r in results] == [0], (results, text)
     assert "rxe0 state=4 active_mtu=4096" in text, text   # 4 = IBV_PORT_ACTIVE
+
+
+@pytest.mark.rig
+def test_host_mode_runs_in_a_kernel_with_rxe():
+    """Host mode (native.py) for real: the guest's kernel has rdma_rxe, so `rig run` inside it
+    must take host mode (rxe_udrig0 on a veth pair, no nested qemu), pass the exit status
+    through, and remove its devices afterwards."""
+    _kit_for_test()
+    python = shlex.quote(sys.executable)
+    # probe.py is standard library only: run it as a file without site, so that it imports
+    # neither site-packages nor the ud_transport package (seconds under TCG)
+    probe = f"{python} -S {shlex.quote(str(REPO_ROOT / 'ud_transport' / 'rig' / 'probe.py'))}"
+    inner = f"echo dev=$UD_RIG_RDMA_DEV; {probe} && exit 7"
+    script = (f"{python} -m ud_transport.rig run --timeout 120 -- sh -c {shlex.quote(inner)}; status=$?; "
+              "echo after: $(ls /sys/class/infiniband) $(ip -o link show | grep -c udrig) udrig; exit $status")
+    output = io.StringIO()
+    results = runner.run_detailed(["sh", "-c", script], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT)},
+                                  shares=[], timeout=300, output=output)
+    text = output.getvalue()
+    assert [r.status for r in results] == [7], (results, text)   # the command's own status, through both
+    assert f"dev={native.RXE}" in text, text
+    assert f"{native.RXE} state=4 active_mtu=4096" in text, text   # 4 = IBV_PORT_ACTIVE
+    assert "rig: node" not in text, text     # guest mode would log its node status: no nested qemu
+    assert "after: rxe0 0 udrig" in text, text   # rxe_udrig0 and the veth pair are gone again

@@ -1,6 +1,7 @@
 """Host mode: when the host kernel itself has rxe, put it on a veth pair here and run directly.
 
-Untested on the project's build machines (their kernel has no RDMA); kept deliberately small.
+The build machines' kernels have no RDMA, so this is tested inside the rig's own guest, whose
+kernel has rdma_rxe (tests/test_rig.py::test_host_mode_runs_in_a_kernel_with_rxe); kept small.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TextIO
 
 from .initscript import NET_PREFIX_LEN, node_ip
@@ -35,6 +38,17 @@ def _sh(*argv: str, check: bool = True) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
 
 
+def _wait_until_active(device: str, seconds: float) -> None:
+    """Like the guest's stage 2: start the command only once the port is ACTIVE."""
+    state = Path(f"/sys/class/infiniband/{device}/ports/1/state")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if state.exists() and "ACTIVE" in state.read_text():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{device} port 1 did not become ACTIVE within {seconds:.0f} s")
+
+
 def run_on_host(argv: list[str], cwd: str | os.PathLike | None, env: Mapping[str, str],
                 timeout: float | None, output: TextIO | None = None) -> int:
     """Same contract as the guest: the command sees UD_RIG_* and an rxe device on a veth pair."""
@@ -48,6 +62,7 @@ def run_on_host(argv: list[str], cwd: str | os.PathLike | None, env: Mapping[str
         _sh("ip", "link", "set", VETH_PEER, "up")
         _sh("ip", "link", "set", VETH, "up")
         _sh("rdma", "link", "add", RXE, "type", "rxe", "netdev", VETH)
+        _wait_until_active(RXE, seconds=20)
         command_env = dict(env, UD_RIG="1", UD_RIG_NODE="0", UD_RIG_NODES="1", UD_RIG_IP=node_ip(0),
                            UD_RIG_PEER_IP=node_ip(0), UD_RIG_NETDEV=VETH, UD_RIG_RDMA_DEV=RXE)
         out = output or sys.stdout
@@ -61,6 +76,9 @@ def run_on_host(argv: list[str], cwd: str | os.PathLike | None, env: Mapping[str
         if result.stdout:
             out.write(result.stdout)
         return result.returncode
+    except RuntimeError as error:  # the setup failed: the rig's own failure status, as in guest mode
+        log.error("host mode: %s", error)
+        return 125
     finally:
         _sh("rdma", "link", "delete", RXE, check=False)
         _sh("ip", "link", "del", VETH, check=False)
