@@ -19,6 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+export PIP_ROOT_USER_ACTION=ignore
 PYTHON=${PYTHON:-python3}
 # torch pinned: the local CPU build. An unpinned torch pulls gigabytes of CUDA packages.
 "$PYTHON" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy "cython>=3.0" pytest tqdm
