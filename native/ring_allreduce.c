@@ -58,7 +58,8 @@ struct call {
     uint32_t max_chunks; /* in any segment: positions are step * max_chunks + chunk */
     size_t wire_bytes, accum_bytes;
     uint8_t *accum;
-    uint64_t chunk_base[UDT_MAX_WORLD + 1]; /* first chunk id of each actual segment */
+    uint64_t chunk_base[UDT_MAX_WORLD + 1];    /* first chunk id of each actual segment */
+    uint64_t segment_first[UDT_MAX_WORLD + 1]; /* first element of each segment (and the end) */
     uint16_t *rs_count;    /* contributions summed in scratch during reduce-scatter */
     uint16_t *final_count; /* contributions in the owner's estimate, 0 = not known here */
     uint8_t *arrived;
@@ -115,12 +116,12 @@ static uint32_t chunks_in_segment(struct call *c, uint32_t segment)
 
 static uint64_t chunk_first_element(const struct call *c, uint32_t segment, uint32_t chunk)
 {
-    return udt_segment_start(c->args->count, c->world_size, segment) + (uint64_t)chunk * c->chunk_elements;
+    return c->segment_first[segment] + (uint64_t)chunk * c->chunk_elements;
 }
 
 static uint64_t chunk_length(const struct call *c, uint32_t segment, uint32_t chunk)
 {
-    uint64_t end = udt_segment_start(c->args->count, c->world_size, segment + 1);
+    uint64_t end = c->segment_first[segment + 1];
     uint64_t first = chunk_first_element(c, segment, chunk);
     return end - first < c->chunk_elements ? end - first : c->chunk_elements;
 }
@@ -553,6 +554,8 @@ static int prepare(struct call *c)
     uint64_t *bases = chunk_bases(c);
     uint64_t max_chunks = 0;
     bases[0] = 0;
+    for (uint32_t s = 0; s <= n; s++)
+        c->segment_first[s] = udt_segment_start(a->count, n, s);
     for (uint32_t s = 0; s < n; s++) {
         uint64_t chunks = udt_chunks_for(udt_segment_length(a->count, n, s), c->chunk_elements);
         bases[s + 1] = bases[s] + chunks;
