@@ -180,8 +180,9 @@ def build_parser():
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--loss", type=float, default=0.0, help="injected loss rate (ud_transport only; Gloo cannot lose)")
-    parser.add_argument("--loss-model", default="bernoulli", choices=["bernoulli", "gilbert_elliott"])
-    parser.add_argument("--burst", default="0.01,0.3,0.0,0.8", help="Gilbert-Elliott good_to_bad,bad_to_good,loss_good,loss_bad")
+    parser.add_argument("--loss-model", default="bernoulli", choices=["bernoulli", "gilbert_elliott"],
+                        help="gilbert_elliott: bursts with the --burst parameters (then --loss is not used)")
+    parser.add_argument("--burst", default="0.002,0.05,0.0,0.8", help="Gilbert-Elliott good_to_bad,bad_to_good,loss_good,loss_bad")
     parser.add_argument("--kernel-loss", type=float, default=0.0,
                         help="real loss for both backends: nftables drops this share of UDP and TCP packets in a private namespace")
     parser.add_argument("--loss-budget", type=float, default=1.0)
@@ -204,9 +205,10 @@ def main(argv=None):
                   iterations=args.iterations, warmup=args.warmup, loss_budget=args.loss_budget, deadline=args.deadline,
                   gloo=args.gloo, seed=args.seed, progress=args.progress)
     inject = None
-    if args.loss > 0:
-        inject = (loss_models.Bernoulli(args.loss, seed=args.seed) if args.loss_model == "bernoulli"
-                  else loss_models.from_string("gilbert_elliott:" + args.burst, seed=args.seed))
+    if args.loss_model == "gilbert_elliott":
+        inject = loss_models.from_string("gilbert_elliott:" + args.burst, seed=args.seed)
+    elif args.loss > 0:
+        inject = loss_models.Bernoulli(args.loss, seed=args.seed)
     store_port = free_tcp_port()
     namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port) if args.kernel_loss else None
     if namespace:
@@ -220,7 +222,7 @@ def main(argv=None):
             namespace.close()
     rows = summarize(per_rank, args.world_size)
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
-                 f"injected {args.loss_model} loss {args.loss:.2%} (ud_transport only)" if args.loss else "no loss")
+                 f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
