@@ -26,6 +26,7 @@ class Communicator:
             raise ValueError(f"world_size {world_size} exceeds the supported maximum {_native.MAX_WORLD_SIZE}")
         self.rank = rank
         self.world_size = world_size
+        self.store = store  # the torch Store of the rendezvous, free for the caller's own use
         self.options = options
         self.transport_name = transports.choose(transport)
         self._lock = threading.Lock()

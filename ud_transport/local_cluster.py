@@ -51,7 +51,6 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0))
         comm = ud_transport.init(rank, world_size, store=store, **init_options)
-        comm.store = store
     except BaseException as error:  # report, do not hang the parent
         connection.send(("error", error, traceback.format_exc()))
         return
