@@ -107,11 +107,9 @@ static int fail(struct udt_comm *comm, int status, const char *message)
 
 static uint32_t actual_segment(const struct call *c, uint32_t virtual_segment) { return (virtual_segment + c->rotation) % c->world_size; }
 
-static uint64_t *chunk_bases(struct call *c) { return c->chunk_base; }
-
 static uint32_t chunks_in_segment(struct call *c, uint32_t segment)
 {
-    return (uint32_t)(chunk_bases(c)[segment + 1] - chunk_bases(c)[segment]);
+    return (uint32_t)(c->chunk_base[segment + 1] - c->chunk_base[segment]);
 }
 
 static uint64_t chunk_first_element(const struct call *c, uint32_t segment, uint32_t chunk)
@@ -198,7 +196,7 @@ static int send_some(struct call *c)
     int all_gather = global_step >= c->world_size - 1;
     uint32_t segment = actual_segment(c, udt_send_segment(c->rank, c->world_size, global_step));
     uint32_t chunk_count = chunks_in_segment(c, segment);
-    uint64_t base = chunk_bases(c)[segment];
+    uint64_t base = c->chunk_base[segment];
     struct udt_send_item items[SEND_BATCH];
     uint32_t item_chunk[SEND_BATCH];
     int n = 0;
@@ -373,7 +371,7 @@ static void on_datagram(struct call *c, const struct udt_recv_item *item, uint64
         st->dropped_early++;
         return;
     }
-    uint64_t id = chunk_bases(c)[segment] + h.chunk_index;
+    uint64_t id = c->chunk_base[segment] + h.chunk_index;
     uint8_t bit = all_gather ? AG_ARRIVED : RS_ARRIVED;
     if (c->arrived[id] & bit) {
         st->dropped_duplicate++;
@@ -432,7 +430,7 @@ static void close_step(struct call *c, uint32_t global_step)
         return;
     /* Last reduce-scatter step: this rank now owns the segment. Rescale each
      * chunk by N / contributions so its expectation is the full sum. */
-    uint64_t base = chunk_bases(c)[segment];
+    uint64_t base = c->chunk_base[segment];
     for (uint32_t chunk = 0; chunk < chunk_count; chunk++) {
         uint64_t id = base + chunk;
         uint64_t first = chunk_first_element(c, segment, chunk), elements = chunk_length(c, segment, chunk);
@@ -515,7 +513,7 @@ static double delivered_fraction(struct call *c)
     for (uint32_t segment = 0; segment < c->world_size; segment++) {
         for (uint32_t chunk = 0; chunk < chunks_in_segment(c, segment); chunk++) {
             uint16_t contributions;
-            result_factor(c, chunk_bases(c)[segment] + chunk, &contributions);
+            result_factor(c, c->chunk_base[segment] + chunk, &contributions);
             delivered += (double)contributions * (double)chunk_length(c, segment, chunk);
         }
     }
@@ -528,7 +526,7 @@ static void write_result(struct call *c)
     for (uint32_t segment = 0; segment < c->world_size; segment++) {
         for (uint32_t chunk = 0; chunk < chunks_in_segment(c, segment); chunk++) {
             uint16_t contributions;
-            uint64_t id = chunk_bases(c)[segment] + chunk;
+            uint64_t id = c->chunk_base[segment] + chunk;
             double factor = result_factor(c, id, &contributions);
             uint64_t first = chunk_first_element(c, segment, chunk), elements = chunk_length(c, segment, chunk);
             if (c->arrived[id] & SCRATCH_VALID)
@@ -551,7 +549,7 @@ static int prepare(struct call *c)
     c->chunk_elements = comm->options.chunk_bytes / c->wire_bytes;
     if (c->chunk_elements == 0)
         return fail(comm, UDT_ERR_INVALID_ARGUMENT, "chunk_bytes is smaller than one element");
-    uint64_t *bases = chunk_bases(c);
+    uint64_t *bases = c->chunk_base;
     uint64_t max_chunks = 0;
     bases[0] = 0;
     for (uint32_t s = 0; s <= n; s++)
