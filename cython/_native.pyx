@@ -2,6 +2,7 @@
 """Entry points of the native engine. Python decides sizes, budgets and
 deadlines; everything per packet happens in C with the GIL released."""
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from native cimport *
@@ -73,33 +74,53 @@ cdef class Transport:
         return self.ptr.max_datagram_bytes
 
 
-cdef class RingEngine:
-    """One rank's ring allreduce engine; owns its transport."""
+COLLECTIVE_ALLREDUCE = UDT_ALLREDUCE
+COLLECTIVE_REDUCE_SCATTER = UDT_REDUCE_SCATTER
+COLLECTIVE_ALL_GATHER = UDT_ALL_GATHER
+COLLECTIVE_BROADCAST = UDT_BROADCAST
+COLLECTIVE_AGREE = UDT_AGREE
+ALGORITHM_RING = UDT_ALGORITHM_RING
+ALGORITHM_DIRECT = UDT_ALGORITHM_DIRECT
+
+ENGINE_OPTION_NAMES = ("chunk_bytes", "window_bytes", "end_repeats", "credit_refresh_us", "reorder_grace_us",
+                       "busy_poll_us", "idle_close_us", "agree_resend_us")
+
+
+cdef udt_engine_options engine_options(dict values) except *:
+    """Options by field name; a missing or unknown name is an error, not a silent default."""
+    cdef udt_engine_options options
+    names = set(values)
+    if names != set(ENGINE_OPTION_NAMES):
+        raise TypeError(f"engine options must be exactly {ENGINE_OPTION_NAMES}; "
+                        f"missing {sorted(set(ENGINE_OPTION_NAMES) - names)}, unknown {sorted(names - set(ENGINE_OPTION_NAMES))}")
+    options.chunk_bytes = values["chunk_bytes"]
+    options.window_bytes = values["window_bytes"]
+    options.end_repeats = values["end_repeats"]
+    options.credit_refresh_us = values["credit_refresh_us"]
+    options.reorder_grace_us = values["reorder_grace_us"]
+    options.busy_poll_us = values["busy_poll_us"]
+    options.idle_close_us = values["idle_close_us"]
+    options.agree_resend_us = values["agree_resend_us"]
+    return options
+
+
+cdef class Engine:
+    """One rank's collective engine; owns its transport."""
     cdef udt_comm *comm
     cdef readonly uint32_t rank, world_size, chunk_bytes
 
-    def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
-                  uint32_t chunk_bytes, uint32_t window_bytes, uint32_t end_repeats,
-                  uint32_t credit_refresh_us, uint32_t reorder_grace_us, uint32_t idle_close_us,
-                  uint32_t busy_poll_us):
+    def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id, dict options):
         cdef char error[320]
-        cdef udt_engine_options options
+        cdef udt_engine_options native_options = engine_options(options)
         transport._check_open()
-        options.chunk_bytes = chunk_bytes
-        options.window_bytes = window_bytes
-        options.end_repeats = end_repeats
-        options.credit_refresh_us = credit_refresh_us
-        options.reorder_grace_us = reorder_grace_us
-        options.idle_close_us = idle_close_us
-        options.busy_poll_us = busy_poll_us
         memset(error, 0, sizeof(error))
-        self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &options, error, sizeof(error))
+        self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &native_options, error, sizeof(error))
         if self.comm is NULL:
             raise ValueError(error.decode(errors="replace"))
         transport.ptr = NULL  # the engine owns it now
         self.rank = rank
         self.world_size = world_size
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = native_options.chunk_bytes
 
     def __dealloc__(self):
         self.close()
@@ -116,25 +137,29 @@ cdef class RingEngine:
         if udt_comm_set_peers(self.comm, data, address_bytes) < 0:
             raise OSError(udt_comm_error(self.comm).decode(errors="replace"))
 
-    def allreduce(self, uintptr_t data, uint64_t count, int dtype, int op, int estimator,
-                  double loss_budget, double deadline_s):
-        """Run one allreduce on `count` elements at address `data`, in place.
-        Returns (status, stats dict, message). The buffer is written only
-        when status is STATUS_OK."""
+    def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
+            int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s):
+        """Run one collective. Returns (status, stats dict, message). The
+        output is written only when status is STATUS_OK."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
-        cdef udt_allreduce_args args
-        cdef udt_allreduce_stats stats
+        cdef udt_collective_args args
+        cdef udt_collective_stats stats
         cdef int status
-        args.data = <void *>data
+        args.collective = collective
+        args.algorithm = algorithm
+        args.input = <const void *>input
+        args.output = <void *>output
         args.count = count
         args.dtype = dtype
         args.op = op
         args.estimator = estimator
+        args.root = root
+        args.agree_value = agree_value
         args.loss_budget = loss_budget
         args.deadline_s = deadline_s
         with nogil:
-            status = udt_allreduce(self.comm, &args, &stats)
+            status = udt_collective(self.comm, &args, &stats)
         message = udt_comm_error(self.comm).decode(errors="replace") if status != UDT_OK else ""
         return status, stats, message
 
@@ -146,15 +171,26 @@ def verbs_active_device_count():
     return count
 
 
-# Pure helpers, exported so tests can check the C arithmetic on its own.
-def segment_start(uint64_t count, uint32_t world_size, uint32_t segment):
-    return udt_segment_start(count, world_size, segment)
+# Pure helpers, exported so tests and the simulator check the C arithmetic itself.
+def block_start(uint64_t count, uint32_t world_size, uint32_t block):
+    return udt_block_start(count, world_size, block)
 
-def send_segment(uint32_t rank, uint32_t world_size, uint32_t global_step):
-    return udt_send_segment(rank, world_size, global_step)
 
-def recv_segment(uint32_t rank, uint32_t world_size, uint32_t global_step):
-    return udt_recv_segment(rank, world_size, global_step)
+def schedule(int collective, int algorithm, uint32_t rank, uint32_t world_size, uint32_t root=0, uint32_t rotation=0):
+    """One rank's schedule as (summary dict, list of step dicts), from the C builders."""
+    cdef udt_schedule summary
+    cdef uint32_t count = udt_schedule_steps(collective, algorithm, world_size)
+    cdef udt_step *steps = <udt_step *>malloc((count + 1) * sizeof(udt_step))
+    cdef uint32_t *scratch = <uint32_t *>malloc((world_size + 1) * sizeof(uint32_t))
+    try:
+        if steps is NULL or scratch is NULL:
+            raise MemoryError()
+        if udt_schedule_build(collective, algorithm, rank, world_size, root, rotation, &summary, steps, scratch) != 0:
+            raise ValueError(f"no schedule for collective {collective}, algorithm {algorithm}, rank {rank} of {world_size}, root {root}")
+        return summary, [steps[i] for i in range(summary.steps)]
+    finally:
+        free(steps)
+        free(scratch)
 
 def float_to_half_bits(float value):
     return udt_float_to_half(value)

@@ -27,7 +27,43 @@ cdef extern from "transport.h" nogil:
     udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
     void udt_transport_destroy(udt_transport *t)
 
-cdef extern from "ring_allreduce.h" nogil:
+cdef extern from "schedule.h" nogil:
+    enum:
+        UDT_ALLREDUCE
+        UDT_REDUCE_SCATTER
+        UDT_ALL_GATHER
+        UDT_BROADCAST
+        UDT_AGREE
+        UDT_ALGORITHM_RING
+        UDT_ALGORITHM_DIRECT
+        UDT_RECV_REDUCE
+        UDT_RECV_OVERWRITE
+        UDT_NO_PEER
+        UDT_NO_STEP
+
+    struct udt_step:
+        int32_t send_peer
+        uint32_t send_block
+        int32_t send_after
+        int32_t recv_peer
+        uint32_t recv_block
+        uint8_t recv_mode
+        uint8_t phase
+        uint32_t recv_needs_sent
+
+    struct udt_schedule:
+        uint32_t steps
+        uint32_t world_size
+        uint32_t owned_block
+        int32_t finalize_after
+        uint32_t reduce_steps
+        int32_t critical_path
+
+    uint32_t udt_schedule_steps(int collective, int algorithm, uint32_t world_size)
+    int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t world_size, uint32_t root, uint32_t rotation,
+                           udt_schedule *schedule, udt_step *out, uint32_t *block_scratch)
+
+cdef extern from "engine.h" nogil:
     enum:
         UDT_MAX_WORLD
         UDT_OK
@@ -44,13 +80,19 @@ cdef extern from "ring_allreduce.h" nogil:
         uint32_t end_repeats
         uint32_t credit_refresh_us
         uint32_t reorder_grace_us
-        uint32_t idle_close_us
         uint32_t busy_poll_us
+        uint32_t idle_close_us
+        uint32_t agree_resend_us
 
-    struct udt_allreduce_stats:
+    struct udt_collective_stats:
         double delivered_fraction
+        double reduce_fraction
+        double gather_fraction
+        double own_reduce_fraction
+        double own_gather_fraction
         uint64_t chunks_total
         uint64_t chunks_lost
+        uint64_t chunks_stale
         uint64_t datagrams_sent
         uint64_t datagrams_received
         uint64_t dropped_stale
@@ -59,25 +101,35 @@ cdef extern from "ring_allreduce.h" nogil:
         uint64_t dropped_invalid
         uint64_t dropped_early
         uint64_t injected_drops
+        uint64_t agree_messages_sent
         double elapsed_s
         double deadline_s
+        double agree_s
         uint32_t sequence
+        uint32_t steps
+        uint32_t critical_path
         uint32_t steps_ended
         uint32_t steps_superseded
         uint32_t steps_idle_closed
         uint32_t steps_timed_out
         uint32_t idle_waits
         uint32_t credit_stalls
+        uint32_t agreed_value
         int32_t silent_rank
         int32_t mismatched_rank
         int32_t deadline_expired
 
-    struct udt_allreduce_args:
-        void *data
+    struct udt_collective_args:
+        int collective
+        int algorithm
+        const void *input
+        void *output
         uint64_t count
         int dtype
         int op
         int estimator
+        uint32_t root
+        uint32_t agree_value
         double loss_budget
         double deadline_s
 
@@ -88,7 +140,10 @@ cdef extern from "ring_allreduce.h" nogil:
                               const udt_engine_options *options, char *error, int error_bytes)
     void udt_comm_destroy(udt_comm *comm)
     int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
-    int udt_allreduce(udt_comm *comm, const udt_allreduce_args *args, udt_allreduce_stats *stats)
+    int udt_collective(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats)
+    int udt_call_start(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats, uint64_t now_ns)
+    int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)
+    int udt_call_finish(udt_comm *comm, uint64_t now_ns)
     const char *udt_comm_error(const udt_comm *comm)
 
 cdef extern from "wire.h" nogil:
@@ -97,10 +152,8 @@ cdef extern from "wire.h" nogil:
         UDT_WIRE_MAGIC
         UDT_WIRE_VERSION
 
-cdef extern from "ring_geometry.h" nogil:
-    uint64_t udt_segment_start(uint64_t count, uint32_t world_size, uint32_t segment)
-    uint32_t udt_send_segment(uint32_t rank, uint32_t world_size, uint32_t global_step)
-    uint32_t udt_recv_segment(uint32_t rank, uint32_t world_size, uint32_t global_step)
+cdef extern from "blocks.h" nogil:
+    uint64_t udt_block_start(uint64_t count, uint32_t world_size, uint32_t block)
 
 cdef extern from "elementwise.h" nogil:
     uint16_t udt_float_to_half(float value)
@@ -151,6 +204,7 @@ cdef extern from "wire.h" nogil:
         UDT_KIND_DATA
         UDT_KIND_END
         UDT_KIND_CREDIT
+        UDT_KIND_AGREE
 
     struct udt_wire_header:
         uint32_t magic
@@ -164,7 +218,7 @@ cdef extern from "wire.h" nogil:
         uint16_t source_rank
         uint32_t chunk_index
         uint16_t contributions
-        uint16_t silent_rank
+        uint16_t reserved
         uint32_t payload_bytes
         uint32_t layout_tag
         uint32_t credit

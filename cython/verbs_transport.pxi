@@ -141,7 +141,7 @@ cdef class VerbsTransport(Transport):
         h.kind = UDT_KIND_DATA
         h.session_id = session_id
         h.contributions = 1
-        h.silent_rank = 0xFFFF
+        h.reserved = 0
         h.payload_bytes = datagram_bytes - UDT_WIRE_HEADER_BYTES
         try:
             with nogil:

@@ -8,19 +8,25 @@
 #include <string.h>
 
 #define UDT_WIRE_MAGIC 0x31544455u /* "UDT1" read as little-endian */
-#define UDT_WIRE_VERSION 1u
+#define UDT_WIRE_VERSION 2u
 #define UDT_WIRE_HEADER_BYTES 44u
 #define UDT_NO_RANK 0xFFFFu
 
 enum udt_kind {
     UDT_KIND_DATA = 1,   /* a chunk of a segment */
     UDT_KIND_END = 2,    /* sender finished a step: missing chunks of it are lost */
-    UDT_KIND_CREDIT = 3, /* receiver -> its upstream: you may send positions < credit */
+    UDT_KIND_CREDIT = 3, /* receiver -> a sender: you may send positions < credit */
+    UDT_KIND_AGREE = 4,  /* the verdict round: this rank's outcome (payload: struct udt_verdict) */
 };
 
+/* flags of an AGREE datagram (every other kind has flags 0) */
+#define UDT_AGREE_HAVE_YOURS 1u /* the sender holds the receiver's verdict for this call */
+#define UDT_AGREE_REPLY 2u      /* an answer: do not answer it */
+#define UDT_VERDICT_BYTES 32u
+
 enum udt_phase {
-    UDT_PHASE_REDUCE_SCATTER = 0,
-    UDT_PHASE_ALL_GATHER = 1,
+    UDT_PHASE_REDUCE = 0, /* first half of a schedule (reduce-scatter, or a broadcast's scatter) */
+    UDT_PHASE_GATHER = 1, /* second half (all-gather) */
 };
 
 struct udt_wire_header {
@@ -28,16 +34,16 @@ struct udt_wire_header {
     uint8_t version;
     uint8_t kind;
     uint8_t phase;
-    uint8_t flags;          /* reserved, must be 0 */
+    uint8_t flags;          /* AGREE only; 0 otherwise */
     uint64_t session_id;    /* random, agreed at rendezvous */
     uint32_t sequence;      /* collective call number on this communicator */
-    uint16_t step;          /* step within the phase */
+    uint16_t step;          /* step of the schedule (the receiver's step has the same index) */
     uint16_t source_rank;
     uint32_t chunk_index;   /* chunk within the segment */
     uint16_t contributions; /* how many ranks' inputs the payload sums */
-    uint16_t silent_rank;   /* a rank the sender knows is silent, or UDT_NO_RANK */
+    uint16_t reserved;      /* must be 0 */
     uint32_t payload_bytes;
-    uint32_t layout_tag;    /* hash of element count, dtype, op, chunk size */
+    uint32_t layout_tag;    /* hash of collective, algorithm, element count, dtype, op, root, chunk size */
     uint32_t credit;        /* CREDIT: first position the sender may not send;
                              * DATA: how many chunks the sender sends in this step */
 };
@@ -62,7 +68,7 @@ static inline void udt_wire_encode(const struct udt_wire_header *h, uint8_t out[
     udt_put16(out + 22, h->source_rank);
     udt_put32(out + 24, h->chunk_index);
     udt_put16(out + 28, h->contributions);
-    udt_put16(out + 30, h->silent_rank);
+    udt_put16(out + 30, h->reserved);
     udt_put32(out + 32, h->payload_bytes);
     udt_put32(out + 36, h->layout_tag);
     udt_put32(out + 40, h->credit);
@@ -85,11 +91,40 @@ static inline int udt_wire_decode(const uint8_t *in, uint32_t len, struct udt_wi
     h->source_rank = udt_get16(in + 22);
     h->chunk_index = udt_get32(in + 24);
     h->contributions = udt_get16(in + 28);
-    h->silent_rank = udt_get16(in + 30);
+    h->reserved = udt_get16(in + 30);
     h->payload_bytes = udt_get32(in + 32);
     h->layout_tag = udt_get32(in + 36);
     h->credit = udt_get32(in + 40);
     return 0;
 }
 
+/* Payload of an AGREE datagram: what one rank saw of a call. */
+struct udt_verdict {
+    uint32_t cause;            /* 0, or (severity << 16) | rank blamed; see engine.c */
+    uint32_t agree_value;      /* the caller's value for agree() */
+    uint64_t reduce_weighted;  /* sum over the rank's own shard of contributions x elements */
+    uint64_t fresh_elements;   /* elements of the rank's output that are fresh */
+    double loss_budget;
+};
+
+static inline void udt_verdict_encode(const struct udt_verdict *v, uint8_t out[UDT_VERDICT_BYTES])
+{
+    uint64_t budget_bits;
+    memcpy(&budget_bits, &v->loss_budget, 8);
+    udt_put32(out, v->cause);
+    udt_put32(out + 4, v->agree_value);
+    udt_put64(out + 8, v->reduce_weighted);
+    udt_put64(out + 16, v->fresh_elements);
+    udt_put64(out + 24, budget_bits);
+}
+
+static inline void udt_verdict_decode(const uint8_t in[UDT_VERDICT_BYTES], struct udt_verdict *v)
+{
+    uint64_t budget_bits = udt_get64(in + 24);
+    v->cause = udt_get32(in);
+    v->agree_value = udt_get32(in + 4);
+    v->reduce_weighted = udt_get64(in + 8);
+    v->fresh_elements = udt_get64(in + 16);
+    memcpy(&v->loss_budget, &budget_bits, 8);
+}
 #endif

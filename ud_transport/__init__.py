@@ -12,10 +12,11 @@ from .communicator import Communicator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .loss_models import Bernoulli, GilbertElliott
 from .options import Options
-from .stats import AllreduceStats
+from .stats import AllreduceStats, CollectiveStats
 
 __all__ = [
-    "init", "allreduce", "get_default", "close", "Communicator", "AllreduceStats", "Options",
+    "init", "allreduce", "reduce_scatter", "all_gather", "broadcast", "agree", "get_default", "close",
+    "Communicator", "CollectiveStats", "AllreduceStats", "Options",
     "TransportError", "LossBudgetExceeded", "PeerTimeout", "LayoutMismatch", "Bernoulli", "GilbertElliott",
 ]
 __version__ = "0.1.0"
@@ -59,9 +60,30 @@ def get_default():
     return _default
 
 
-def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None):
+def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None):
     """Allreduce on the default communicator (see Communicator.allreduce)."""
-    return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator)
+    return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator,
+                                   algorithm=algorithm)
+
+
+def reduce_scatter(tensor, output, loss_budget=None, **keywords):
+    """Reduce-scatter on the default communicator (see Communicator.reduce_scatter)."""
+    return get_default().reduce_scatter(tensor, output, loss_budget=loss_budget, **keywords)
+
+
+def all_gather(shard, output, loss_budget=None, **keywords):
+    """All-gather on the default communicator (see Communicator.all_gather)."""
+    return get_default().all_gather(shard, output, loss_budget=loss_budget, **keywords)
+
+
+def broadcast(tensor, src=0, loss_budget=None, **keywords):
+    """Broadcast on the default communicator (see Communicator.broadcast)."""
+    return get_default().broadcast(tensor, src, loss_budget=loss_budget, **keywords)
+
+
+def agree(value, **keywords):
+    """The maximum of `value` over all ranks (see Communicator.agree)."""
+    return get_default().agree(value, **keywords)
 
 
 def close():

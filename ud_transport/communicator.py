@@ -5,13 +5,32 @@ import os
 import struct
 import threading
 
-from . import _native, rendezvous, transports
+from . import _native, algorithms, rendezvous, transports
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
-from .stats import AllreduceStats
+from .stats import CollectiveStats
 from .tensors import estimator_code, op_code, view_of
 
 log = logging.getLogger("ud_transport")
+
+COLLECTIVE_NAMES = {_native.COLLECTIVE_ALLREDUCE: "allreduce", _native.COLLECTIVE_REDUCE_SCATTER: "reduce_scatter",
+                    _native.COLLECTIVE_ALL_GATHER: "all_gather", _native.COLLECTIVE_BROADCAST: "broadcast",
+                    _native.COLLECTIVE_AGREE: "agree"}
+
+
+def _seconds(deadline):
+    """None, or a positive number of seconds from a number or a datetime.timedelta."""
+    if deadline is None:
+        return None
+    seconds = deadline.total_seconds() if hasattr(deadline, "total_seconds") else deadline
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError):
+        raise TypeError(f"deadline must be seconds or a datetime.timedelta, got {deadline!r}") from None
+    if not 0 < seconds <= 1e6:
+        raise ValueError(f"deadline must be a positive number of seconds (at most 1e6), got {deadline!r}")
+    return seconds
+
 
 # Communicators are created in the same order on every rank, so a per-process
 # counter names each one's keys in the shared store identically everywhere.
@@ -52,9 +71,7 @@ class Communicator:
         chunk_bytes -= chunk_bytes % 8 if chunk_bytes >= 8 else 0  # whole elements of every dtype
         self.address = endpoint.address
         try:
-            self._engine = _native.RingEngine(endpoint, rank, world_size, session_id, chunk_bytes, options.window_bytes,
-                                              options.end_repeats, options.credit_refresh_us, options.reorder_grace_us,
-                                              options.idle_close_us, options.busy_poll_us)
+            self._engine = _native.Engine(endpoint, rank, world_size, session_id, options.engine_options(chunk_bytes))
             self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
             self.close()
@@ -64,38 +81,109 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------
 
-    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None):
-        """Reduce `tensor` across ranks in place and return AllreduceStats.
+    def shard_range(self, count, rank=None):
+        """Elements [start, stop) of `rank`'s shard when `count` elements are
+        split over the ranks (as evenly as possible; equal when divisible)."""
+        rank = self.rank if rank is None else rank
+        return (_native.block_start(count, self.world_size, rank), _native.block_start(count, self.world_size, rank + 1))
+
+    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
+        """Reduce `tensor` across ranks in place and return CollectiveStats.
 
         Lost datagrams are not retransmitted: the result is an unbiased
-        estimate (see README). Raises LossBudgetExceeded if more than
-        `loss_budget` of the contributions are missing at the deadline, and
-        PeerTimeout if a rank was silent; the tensor is untouched then."""
+        estimate (see README). Each shard's owner rescales what reached it by
+        N / contributions; where the owner's result does not reach a rank,
+        that rank keeps its own partial rescaled the same way (unbiased, noisier)
+        or zero with estimator="zero_fill". Raises LossBudgetExceeded if more
+        than `loss_budget` of the contributions are missing at their owners or
+        of some rank's result is filled, PeerTimeout if a rank was not heard
+        from, LayoutMismatch if ranks called differently; every rank raises
+        the same error, and the tensor keeps its values then."""
         view = view_of(tensor)
+        return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
+                         deadline=deadline, estimator=estimator, algorithm=algorithm)
+
+    def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
+        """Reduce `tensor` (the full tensor, every rank the same size) across
+        ranks; this rank's shard of the result (see shard_range) lands in
+        `output`, scaled per chunk by N / contributions that arrived.
+        `tensor` is not changed; `output` only on success."""
+        source, target = view_of(tensor), view_of(output)
+        start, stop = self.shard_range(source.count)
+        self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
+        return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
+                         deadline=deadline, estimator=estimator, algorithm=algorithm)
+
+    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None):
+        """Gather every rank's shard into `output` (the full tensor; rank r's
+        shard goes to output[shard_range(len(output), r)]). Where a chunk of
+        another rank's shard does not arrive, `output` keeps what it held
+        before (stale-value retention); stats.chunks_stale counts them."""
+        source, target = view_of(shard), view_of(output)
+        start, stop = self.shard_range(target.count)
+        self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
+        return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
+                         deadline=deadline, algorithm=algorithm)
+
+    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None):
+        """Copy rank `src`'s tensor into every rank's, in place. Lossy the same
+        way as all_gather: a chunk that does not arrive keeps its old value."""
+        if not 0 <= int(src) < self.world_size:
+            raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
+        view = view_of(tensor)
+        return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
+                         deadline=deadline, algorithm=algorithm)
+
+    def agree(self, value, *, deadline=None):
+        """The largest `value` (an int in [0, 2**32), or a bool) over all ranks,
+        the same on every rank: agree(flag) is "any rank says so". Messages
+        are repeated until acknowledged; raises PeerTimeout if a rank is not
+        heard from by the deadline."""
+        number = int(value)
+        if not 0 <= number < 2**32:
+            raise ValueError(f"agree() takes an integer in [0, 2**32), got {value!r}")
+        stats = self._run(_native.COLLECTIVE_AGREE, None, None, 0, agree_value=number, loss_budget=0.0,
+                          deadline=deadline if deadline is not None else self.options.deadline_cap_s)
+        return type(value)(stats.agreed_value) if isinstance(value, bool) else stats.agreed_value
+
+    @staticmethod
+    def _check_pair(full, part, part_count, part_name, description):
+        if part.dtype_code != full.dtype_code:
+            raise TypeError(f"{part_name} has dtype {part.dtype_name}, the tensor {full.dtype_name}")
+        if part.count != part_count:
+            raise ValueError(f"{part_name} has {part.count} elements; {description} has {part_count}")
+
+    def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
+             algorithm=None, root=0, agree_value=0):
         op_value = op_code(op)
         estimator_value = estimator_code(estimator or self.options.estimator)
+        algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
         budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
-        if deadline is not None and not deadline > 0:
-            raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
+        deadline_s = _seconds(deadline)
+        nbytes = target.nbytes if target is not None else 0
         with self._lock:
             if self._engine is None:
                 raise TransportError("communicator is closed")
-            deadline_s = float(deadline) if deadline is not None else self._deadlines.deadline_s(view.nbytes)
-            status, raw, message = self._engine.allreduce(view.address, view.count, view.dtype_code, op_value,
-                                                          estimator_value, budget, deadline_s)
-        stats = AllreduceStats.from_native(raw, self.transport_name)
+            if deadline_s is None:
+                deadline_s = self._deadlines.deadline_s(nbytes)
+            status, raw, message = self._engine.run(
+                collective, algorithms.CODES[algorithm_name], source.address if source else 0,
+                target.address if target else 0, count, target.dtype_code if target else 0, op_value, estimator_value,
+                root, agree_value, budget, deadline_s)
+        stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
+                                            transport=self.transport_name)
         if status == _native.STATUS_OK:
-            if not stats.deadline_expired:
-                self._deadlines.record(view.nbytes, stats.elapsed_s)
+            if not stats.deadline_expired and nbytes:
+                self._deadlines.record(nbytes, stats.elapsed_s)
             return stats
         if status == _native.STATUS_LOSS_BUDGET:
             raise LossBudgetExceeded(f"rank {self.rank}: {message}", stats)
         if status == _native.STATUS_PEER_TIMEOUT:
             raise PeerTimeout(f"rank {self.rank}: {message}", stats.silent_rank, stats)
         if status == _native.STATUS_LAYOUT_MISMATCH:
-            raise LayoutMismatch(f"rank {self.rank}: {message}", raw["mismatched_rank"], stats)
+            raise LayoutMismatch(f"rank {self.rank}: {message}", stats.mismatched_rank, stats)
         if status == _native.STATUS_INVALID_ARGUMENT:
             raise ValueError(message)
         raise TransportError(f"rank {self.rank}: {message}")

@@ -13,7 +13,10 @@ ENVIRONMENT = {
     "bind_address": "UD_BIND_ADDRESS",
     "deadline_cap_s": "UD_DEADLINE_CAP",
     "default_loss_budget": "UD_LOSS_BUDGET",
+    "algorithm": "UD_ALGORITHM",
 }
+
+ALGORITHMS = ("auto", "ring", "direct")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class Options:
     deadline_multiplier: float = 4.0  # default deadline = multiplier x recent typical time
     default_loss_budget: float = 0.1
     estimator: str = "unbiased"  # or "zero_fill", a biased baseline for experiments
+    algorithm: str = "auto"  # "ring", "direct", or "auto" (see README: chosen by world size)
+    agree_resend_us: int = 1000  # first resend interval of verdict-round messages (doubles up to 16x)
     bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
     store_timeout_s: float = 300.0
     inject: object = field(default=None)  # a loss model from ud_transport.loss_models
@@ -49,9 +54,18 @@ class Options:
             raise ValueError("default_loss_budget must be in [0, 1]")
         if self.deadline_cap_s <= 0 or self.deadline_floor_s <= 0:
             raise ValueError("deadlines must be positive")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.end_repeats < 1:
             raise ValueError("end_repeats must be at least 1")
         return self
+
+    def engine_options(self, chunk_bytes):
+        """The options the C engine takes, by field name."""
+        return {"chunk_bytes": chunk_bytes, "window_bytes": self.window_bytes, "end_repeats": self.end_repeats,
+                "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
+                "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
+                "agree_resend_us": self.agree_resend_us}
 
 
 def build(**overrides):

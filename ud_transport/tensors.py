@@ -13,7 +13,7 @@ class TensorView:
     def __init__(self, address, count, dtype_name, element_bytes):
         if dtype_name not in DTYPE_CODES:
             supported = ", ".join(DTYPE_CODES)
-            raise TypeError(f"dtype {dtype_name} is not supported by allreduce (supported: {supported})")
+            raise TypeError(f"dtype {dtype_name} is not supported (supported: {supported})")
         self.address = address
         self.count = count
         self.dtype_name = dtype_name
@@ -27,20 +27,22 @@ class TensorView:
 
 def _numpy_view(array):
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        raise ValueError("allreduce needs a contiguous array (use numpy.ascontiguousarray and copy the result back)")
+        raise ValueError("collectives need a contiguous array (use numpy.ascontiguousarray and copy the result back)")
     if not array.flags.writeable:
-        raise ValueError("allreduce works in place and the array is read-only")
+        raise ValueError("collectives work in place and the array is read-only")
+    if not array.dtype.isnative:
+        raise TypeError(f"dtype {array.dtype.str} is not in this machine's byte order: use array.astype(array.dtype.newbyteorder('='))")
     return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize)
 
 
 def _torch_view(tensor):
     if tensor.device.type != "cpu":
-        raise ValueError(f"allreduce takes CPU tensors, got one on {tensor.device}: "
+        raise ValueError(f"collectives take CPU tensors, got one on {tensor.device}: "
                          "copy it to the host (t.cpu()), reduce that, and copy the result back")
     if not tensor.is_contiguous():
-        raise ValueError("allreduce needs a contiguous tensor (call .contiguous() and copy the result back)")
+        raise ValueError("collectives need a contiguous tensor (call .contiguous() and copy the result back)")
     if tensor.is_sparse or tensor.is_quantized:
-        raise TypeError("allreduce takes dense, non-quantized tensors")
+        raise TypeError("collectives take dense, non-quantized tensors")
     name = str(tensor.dtype).removeprefix("torch.")
     return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size())
 
@@ -53,12 +55,16 @@ def view_of(tensor):
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(tensor, numpy.ndarray):
         return _numpy_view(tensor)
-    raise TypeError(f"allreduce takes a numpy array or a torch tensor, got {type(tensor).__name__}")
+    raise TypeError(f"collectives take a numpy array or a torch tensor, got {type(tensor).__name__}")
 
 
 def op_code(op):
+    """"sum", "mean"/"avg", or torch.distributed.ReduceOp.SUM / AVG."""
+    name = op
+    if not isinstance(op, str):
+        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
     try:
-        return OP_CODES[op]
+        return OP_CODES[name]
     except (KeyError, TypeError):
         raise ValueError(f"op must be one of {sorted(OP_CODES)}, got {op!r}") from None
 

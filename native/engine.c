@@ -1,0 +1,1041 @@
+/* The engine: executes one rank's schedule, chunk by chunk, one chunk per
+ * datagram, and never retransmits data.
+ *  - A receive step closes when all its chunks arrived, when its sender's
+ *    END marker (or verdict) arrived, when that sender moved on to a later
+ *    step, when it went quiet after a gap, or at its share of the deadline;
+ *    a lost chunk never stalls later hops.
+ *  - Reduced chunks carry how many ranks' inputs they sum; the owner of a
+ *    block rescales by N/count, so the estimate is unbiased.
+ *  - Receivers grant senders credits (a window of positions shared by all
+ *    senders), so a healthy link never overflows a receive buffer.
+ *  - Then the verdict round (verdict.c): every rank returns the same outcome.
+ * The caller's output is written once, at the end, and only on success. */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "blocks.h"
+#include "elementwise.h"
+#include "engine_internal.h"
+
+#define CREDIT_LOOKAHEAD_STEPS 8
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int fail(struct udt_comm *comm, int status, const char *message)
+{
+    snprintf(comm->error, sizeof comm->error, "%s", message);
+    return status;
+}
+
+static uint64_t us(uint32_t microseconds) { return (uint64_t)microseconds * 1000ull; }
+
+/* ---- geometry of this call ------------------------------------------- */
+
+static uint32_t chunks_in_block(const struct call *c, uint32_t block) { return (uint32_t)(c->chunk_base[block + 1] - c->chunk_base[block]); }
+
+static uint64_t chunk_first_element(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    return c->block_first[block] + (uint64_t)chunk * c->chunk_elements;
+}
+
+static uint64_t chunk_length(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    uint64_t end = c->block_first[block + 1], first = chunk_first_element(c, block, chunk);
+    return end - first < c->chunk_elements ? end - first : c->chunk_elements;
+}
+
+/* The caller's input for an element: all_gather's input is only our shard. */
+static const uint8_t *input_at(const struct call *c, uint64_t element)
+{
+    uint64_t offset = c->args.collective == UDT_ALL_GATHER ? element - c->block_first[c->rank] : element;
+    return (const uint8_t *)c->args.input + offset * c->wire_bytes;
+}
+
+static int reduces(const struct call *c) { return c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER; }
+static int gathers(const struct call *c) { return c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE; }
+
+static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chunk_bytes)
+{
+    uint64_t fields[8] = {(uint64_t)a->collective, (uint64_t)a->algorithm, a->count, (uint64_t)a->dtype,
+                          (uint64_t)a->op, chunk_bytes, (uint64_t)a->estimator, a->root};
+    uint32_t hash = 2166136261u; /* FNV-1a */
+    const uint8_t *bytes = (const uint8_t *)fields;
+    for (size_t i = 0; i < sizeof fields; i++)
+        hash = (hash ^ bytes[i]) * 16777619u;
+    return hash;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static struct udt_comm *comm_of(struct call *c) { return (struct udt_comm *)((uint8_t *)c - offsetof(struct udt_comm, call)); }
+
+void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step)
+{
+    memset(h, 0, sizeof *h);
+    h->magic = UDT_WIRE_MAGIC;
+    h->version = UDT_WIRE_VERSION;
+    h->kind = kind;
+    h->session_id = comm_of(c)->session_id;
+    h->sequence = c->sequence;
+    h->source_rank = (uint16_t)c->rank;
+    h->layout_tag = c->layout_tag;
+    if (kind == UDT_KIND_DATA || kind == UDT_KIND_END) {
+        h->step = (uint16_t)step;
+        h->phase = c->step[step].phase == UDT_STEP_GATHER ? UDT_PHASE_GATHER : UDT_PHASE_REDUCE;
+    }
+}
+
+static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t peer, uint32_t credit, int copies)
+{
+    struct udt_comm *comm = comm_of(c);
+    struct udt_wire_header h;
+    udt_fill_header(c, &h, kind, step);
+    h.credit = credit;
+    uint8_t *slot = comm->headers[SEND_BATCH];
+    udt_wire_encode(&h, slot);
+    struct udt_send_item items[8];
+    int n = copies < 8 ? copies : 8;
+    for (int i = 0; i < n; i++)
+        items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
+    int rc = udt_transport_send(comm->transport, items, n);
+    if (rc > 0)
+        c->stats->datagrams_sent += (uint64_t)rc;
+    return rc < 0 ? rc : 0;
+}
+
+/* Credits: walk the open receive steps in order and hand out the window,
+ * step by step, to whoever sends each of them. A sender's credit is a
+ * position (step * max_chunks + chunk) it may not reach. */
+static int grant_credits(struct call *c, uint64_t now, int force)
+{
+    struct udt_comm *comm = comm_of(c);
+    uint64_t refresh = us(comm->options.credit_refresh_us);
+    int32_t touched[CREDIT_LOOKAHEAD_STEPS];
+    int touched_count = 0;
+    uint32_t budget = c->window_chunks;
+    uint32_t looked = 0;
+    for (uint32_t g = c->recv_step; g < c->schedule.steps && budget > 0 && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
+        struct step_state *s = &c->state[g];
+        int32_t p = c->step[g].recv_peer;
+        if (p == UDT_NO_PEER || s->closed)
+            continue;
+        looked++;
+        uint32_t room = s->expected - s->seen_end;
+        uint32_t take = room < budget ? room : budget;
+        budget -= take;
+        struct peer_state *peer = &comm->peers[p];
+        int first_touch = 1;
+        for (int i = 0; i < touched_count; i++)
+            first_touch &= touched[i] != p;
+        if (first_touch) {
+            touched[touched_count++] = p;
+            peer->wanted = 0;
+        }
+        uint32_t want = g * c->max_chunks + s->seen_end + take;
+        if (want > peer->wanted)
+            peer->wanted = want;
+    }
+    for (int i = 0; i < touched_count; i++) {
+        struct peer_state *peer = &comm->peers[touched[i]];
+        uint32_t grant = peer->wanted > peer->granted ? peer->wanted : peer->granted;
+        int grew = grant >= peer->granted + c->window_chunks / 4 || (grant > peer->granted && peer->granted == 0);
+        if (!force && !grew && now - peer->granted_at_ns < refresh)
+            continue;
+        peer->granted = grant;
+        peer->granted_at_ns = now;
+        int rc = send_control(c, UDT_KIND_CREDIT, 0, (uint32_t)touched[i], grant, 1);
+        if (rc < 0)
+            return rc;
+    }
+    c->credits_dirty = 0;
+    return 0;
+}
+
+/* Chunks of the current send step that will actually be sent. */
+static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
+{
+    uint64_t base = c->chunk_base[step->send_block];
+    uint32_t count = chunks_in_block(c, step->send_block), sending = 0;
+    for (uint32_t k = 0; k < count; k++)
+        sending += (step->phase == UDT_STEP_GATHER ? c->final_count[base + k] : c->rs_count[base + k]) != 0;
+    return sending;
+}
+
+/* Send as much of the schedule as dependencies, credit and the socket allow. */
+static int send_some(struct call *c)
+{
+    struct udt_comm *comm = comm_of(c);
+    struct udt_send_item items[SEND_BATCH];
+    uint32_t item_step[SEND_BATCH], item_chunk[SEND_BATCH];
+    int n = 0, progressed = 0;
+    int identity = c->accum_bytes == c->wire_bytes;
+    while (c->send_step < c->schedule.steps && n < SEND_BATCH) {
+        uint32_t g = c->send_step;
+        const struct udt_step *step = &c->step[g];
+        if (step->send_peer == UDT_NO_PEER || comm->peers[step->send_peer].finished) {
+            c->send_step++; /* nothing to send, or the receiver is done with this call */
+            c->send_chunk = c->send_announced = 0;
+            progressed = 1;
+            continue;
+        }
+        if (step->send_after != UDT_NO_STEP && !c->state[step->send_after].closed)
+            break; /* what we forward is still being received */
+        struct peer_state *peer = &comm->peers[step->send_peer];
+        uint32_t block = step->send_block, chunk_count = chunks_in_block(c, block);
+        uint64_t base = c->chunk_base[block];
+        if (c->send_chunk == 0 && c->send_announced == 0)
+            c->send_announced = count_to_send(c, step);
+        uint32_t chunk = c->send_chunk;
+        int stalled = 0;
+        for (; chunk < chunk_count && n < SEND_BATCH; chunk++) {
+            uint32_t position = g * c->max_chunks + chunk;
+            if (position >= peer->credit_limit) {
+                c->stats->credit_stalls++;
+                stalled = 1;
+                break;
+            }
+            uint64_t id = base + chunk;
+            uint16_t contributions = step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
+            if (contributions == 0)
+                continue; /* gather: we never got this chunk; the receiver keeps its own */
+            struct udt_wire_header h;
+            udt_fill_header(c, &h, UDT_KIND_DATA, g);
+            uint64_t elements = chunk_length(c, block, chunk), first = chunk_first_element(c, block, chunk);
+            h.chunk_index = chunk;
+            h.contributions = contributions;
+            h.credit = c->send_announced;
+            h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
+            udt_wire_encode(&h, comm->headers[n]);
+            const void *payload;
+            if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
+                payload = input_at(c, first); /* our own input, untouched: straight from the caller's memory */
+            } else if (identity) {
+                payload = c->accum + first * c->accum_bytes;
+            } else {
+                uint8_t *slot = comm->staging + (size_t)n * comm->options.chunk_bytes;
+                udt_pack(c->args.dtype, slot, c->accum + first * c->accum_bytes, elements);
+                payload = slot;
+            }
+            items[n] = (struct udt_send_item){.peer = (uint32_t)step->send_peer, .header = comm->headers[n],
+                                              .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload, .payload_bytes = h.payload_bytes};
+            item_step[n] = g;
+            item_chunk[n++] = chunk;
+        }
+        c->send_chunk = chunk;
+        if (stalled || chunk < chunk_count)
+            break;
+        /* the step is fully handed out: flush, then mark its end */
+        if (n > 0) {
+            int sent = udt_transport_send(comm->transport, items, n);
+            if (sent < 0)
+                return sent;
+            c->stats->datagrams_sent += (uint64_t)sent;
+            if (sent < n) {
+                c->send_step = item_step[sent];
+                c->send_chunk = item_chunk[sent];
+                return sent > 0;
+            }
+            n = 0;
+        }
+        int rc = send_control(c, UDT_KIND_END, g, (uint32_t)step->send_peer, 0, (int)comm->options.end_repeats);
+        if (rc < 0)
+            return rc;
+        c->send_step++;
+        c->send_chunk = c->send_announced = 0;
+        progressed = 1;
+    }
+    if (n > 0) {
+        int sent = udt_transport_send(comm->transport, items, n);
+        if (sent < 0)
+            return sent;
+        c->stats->datagrams_sent += (uint64_t)sent;
+        if (sent < n) {
+            c->send_step = item_step[sent];
+            c->send_chunk = item_chunk[sent];
+        }
+        progressed |= sent > 0;
+    }
+    return progressed;
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+enum admission {
+    ADMIT = 0,
+    DROP_FOREIGN,
+    DROP_INVALID,
+    DROP_STALE,
+    DROP_DUPLICATE,
+    DROP_EARLY,
+    DROP_MISMATCH,
+    DROP_QUIET, /* not counted: an old credit, an extra END copy */
+};
+
+/* Decide what a DATA or END datagram is, changing nothing. */
+static enum admission admit_data(const struct call *c, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer)
+{
+    if (h->sequence != c->sequence)
+        return h->kind == UDT_KIND_END && h->sequence + 1 == c->sequence ? DROP_QUIET : DROP_STALE;
+    if (h->flags != 0 || h->reserved != 0 || h->step >= c->schedule.steps)
+        return DROP_INVALID;
+    const struct udt_step *step = &c->step[h->step];
+    if (step->recv_peer != (int32_t)peer)
+        return DROP_INVALID; /* the schedule expects nothing from this rank in that step */
+    if (h->phase != (step->phase == UDT_STEP_GATHER ? UDT_PHASE_GATHER : UDT_PHASE_REDUCE))
+        return DROP_INVALID;
+    if (h->layout_tag != c->layout_tag)
+        return DROP_MISMATCH;
+    if (h->kind == UDT_KIND_END)
+        return c->state[h->step].closed ? DROP_QUIET : ADMIT;
+    uint32_t block = step->recv_block;
+    if (h->chunk_index >= chunks_in_block(c, block))
+        return DROP_INVALID;
+    uint64_t elements = chunk_length(c, block, h->chunk_index);
+    uint64_t id = c->chunk_base[block] + h->chunk_index;
+    uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
+    if (h->payload_bytes != elements * c->wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
+        h->contributions == 0 || h->contributions > most || h->credit > chunks_in_block(c, block))
+        return DROP_INVALID;
+    if (c->state[h->step].closed)
+        return DROP_STALE;
+    if (c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] & (1u << (h->chunk_index % 8)))
+        return DROP_DUPLICATE;
+    if (c->send_step < step->recv_needs_sent)
+        return DROP_EARLY; /* it would change a block we have not finished sending */
+    return ADMIT;
+}
+
+static void note_peer_step(struct udt_comm *comm, uint32_t peer, uint32_t step)
+{
+    struct peer_state *p = &comm->peers[peer];
+    p->heard = 1;
+    if (step + 1 > p->highest_step_seen)
+        p->highest_step_seen = step + 1; /* a sender goes through its steps in order */
+}
+
+static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload, uint32_t peer, uint64_t now)
+{
+    const struct udt_step *step = &c->step[h->step];
+    struct step_state *s = &c->state[h->step];
+    uint32_t block = step->recv_block;
+    uint64_t id = c->chunk_base[block] + h->chunk_index;
+    uint64_t first = chunk_first_element(c, block, h->chunk_index), elements = chunk_length(c, block, h->chunk_index);
+    uint8_t *target = c->accum + first * c->accum_bytes;
+    if (step->recv_mode == UDT_RECV_OVERWRITE) {
+        udt_unpack(c->args.dtype, target, payload, elements);
+        c->final_count[id] = h->contributions;
+    } else {
+        if (c->chunk_flags[id] & SCRATCH_VALID)
+            udt_add(c->args.dtype, target, payload, elements);
+        else
+            udt_add_into(c->args.dtype, target, input_at(c, first), payload, elements);
+        c->rs_count[id] = (uint16_t)(c->rs_count[id] + h->contributions);
+    }
+    c->chunk_flags[id] |= SCRATCH_VALID;
+    c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
+    s->received++;
+    s->last_arrival_ns = now;
+    if (h->credit && s->announced == 0)
+        s->announced = h->credit;
+    if (h->chunk_index + 1 > s->seen_end) {
+        s->seen_end = h->chunk_index + 1;
+        c->credits_dirty = 1;
+    }
+    c->stats->datagrams_received++;
+    note_peer_step(comm, peer, h->step);
+}
+
+static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t peer)
+{
+    struct peer_state *p = &comm->peers[peer];
+    if (h->sequence == c->sequence) {
+        p->heard = 1;
+        if (h->credit > p->credit_limit)
+            p->credit_limit = h->credit;
+    } else if (h->sequence == c->sequence + 1) {
+        /* the peer started the next call already: keep its credit for then */
+        if (p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
+            p->early_credit = h->credit;
+        p->early_credit_sequence = h->sequence;
+        p->heard = 1;
+    }
+}
+
+static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_recv_item *item, uint64_t now)
+{
+    struct udt_collective_stats *st = c->stats;
+    struct udt_wire_header h;
+    if (udt_wire_decode(item->data, item->bytes, &h) != 0) {
+        st->dropped_invalid++;
+        return;
+    }
+    if (h.magic != UDT_WIRE_MAGIC || h.version != UDT_WIRE_VERSION || h.session_id != comm->session_id || item->peer < 0 ||
+        (uint32_t)item->peer != h.source_rank || h.source_rank == c->rank) {
+        st->dropped_foreign++;
+        return;
+    }
+    uint32_t peer = (uint32_t)item->peer;
+    const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
+    switch (h.kind) {
+    case UDT_KIND_CREDIT:
+        on_credit(c, comm, &h, peer);
+        return;
+    case UDT_KIND_AGREE:
+        udt_verdict_receive(c, comm, &h, payload, item->bytes - UDT_WIRE_HEADER_BYTES, peer, now);
+        return;
+    case UDT_KIND_DATA:
+    case UDT_KIND_END:
+        break;
+    default:
+        st->dropped_invalid++;
+        return;
+    }
+    switch (admit_data(c, &h, item->bytes, peer)) {
+    case ADMIT:
+        break;
+    case DROP_FOREIGN: st->dropped_foreign++; return;
+    case DROP_INVALID: st->dropped_invalid++; return;
+    case DROP_STALE: st->dropped_stale++; return;
+    case DROP_DUPLICATE: st->dropped_duplicate++; return;
+    case DROP_EARLY: st->dropped_early++; return;
+    case DROP_MISMATCH:
+        st->dropped_invalid++;
+        c->mismatched_rank = (int32_t)peer;
+        return;
+    case DROP_QUIET: return;
+    }
+    if (h.kind == UDT_KIND_END) {
+        if (!c->state[h.step].end_seen_ns)
+            c->state[h.step].end_seen_ns = now;
+        note_peer_step(comm, peer, h.step);
+        return;
+    }
+    accept_data(c, comm, &h, payload, peer, now);
+}
+
+static int receive_some(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    struct udt_recv_item items[RECV_BATCH];
+    int got = udt_transport_recv(comm->transport, items, RECV_BATCH);
+    for (int i = 0; i < got; i++)
+        on_datagram(c, comm, &items[i], now);
+    return got;
+}
+
+/* ---- closing steps ------------------------------------------------------ */
+
+static void set_step_deadline(struct call *c, uint64_t now)
+{
+    uint32_t remaining = c->recv_step < c->schedule.steps ? c->state[c->recv_step].receives_after + 1 : 1;
+    uint64_t left = c->deadline_ns > now ? c->deadline_ns - now : 0;
+    c->step_deadline_ns = now + left / remaining;
+}
+
+/* The owner's block is complete: rescale each chunk by N / contributions so
+ * its expectation is the full sum. */
+static void finalize_owned_block(struct call *c)
+{
+    if (!reduces(c))
+        return;
+    uint32_t block = c->schedule.owned_block, chunk_count = chunks_in_block(c, block);
+    uint64_t base = c->chunk_base[block];
+    for (uint32_t chunk = 0; chunk < chunk_count; chunk++) {
+        uint64_t id = base + chunk;
+        uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
+        uint8_t *value = c->accum + first * c->accum_bytes;
+        if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
+            udt_load(c->args.dtype, value, input_at(c, first), elements);
+            c->chunk_flags[id] |= SCRATCH_VALID;
+        }
+        if (c->args.estimator == UDT_ESTIMATOR_UNBIASED && c->rs_count[id] != c->n)
+            udt_scale(c->args.dtype, value, elements, (double)c->n / c->rs_count[id]);
+        c->final_count[id] = c->rs_count[id];
+    }
+}
+
+static void close_step(struct call *c, uint32_t g)
+{
+    struct step_state *s = &c->state[g];
+    c->stats->chunks_total += s->expected;
+    c->stats->chunks_lost += s->expected - s->received;
+    s->closed = 1;
+    c->credits_dirty = 1;
+    if ((int32_t)g == c->schedule.finalize_after)
+        finalize_owned_block(c);
+}
+
+void udt_close_all_steps(struct call *c)
+{
+    while (c->recv_step < c->schedule.steps) {
+        struct step_state *s = &c->state[c->recv_step];
+        if (s->expected && s->received < s->expected && !(s->announced && s->received >= s->announced))
+            c->stats->steps_timed_out++;
+        close_step(c, c->recv_step++);
+    }
+}
+
+/* A step with a hole below its highest received chunk has seen loss; when it
+ * then goes quiet, waiting longer only delays every later hop. Returns the
+ * time of its last arrival, or 0 when there is no evidence of loss. */
+static uint64_t step_idle_since(const struct call *c, uint32_t g)
+{
+    const struct step_state *s = &c->state[g];
+    if (comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->seen_end)
+        return 0;
+    return s->last_arrival_ns;
+}
+
+/* Close the lowest open receive steps that are complete, ended, superseded,
+ * idle after loss, or overdue. */
+static int close_ready_steps(struct call *c, uint64_t now)
+{
+    struct udt_comm *comm = comm_of(c);
+    const struct udt_engine_options *o = &comm->options;
+    int closed = 0;
+    while (c->recv_step < c->schedule.steps) {
+        uint32_t g = c->recv_step;
+        struct step_state *s = &c->state[g];
+        int32_t p = c->step[g].recv_peer;
+        int empty = p == UDT_NO_PEER || s->expected == 0;
+        int complete = s->received >= s->expected || (s->announced && s->received >= s->announced);
+        struct peer_state *peer = empty ? NULL : &comm->peers[p];
+        int ended = !empty && ((s->end_seen_ns && now - s->end_seen_ns >= us(o->reorder_grace_us)) ||
+                               (peer->finished && now - peer->finished_at_ns >= us(o->reorder_grace_us)));
+        /* the sender already sends us a later step: all of this one that will come, came */
+        int superseded = !empty && peer->highest_step_seen > g + 1;
+        /* idle counts only once the sender had credit for the whole step:
+         * otherwise its silence may be our own flow control */
+        uint64_t idle_since = empty ? 0 : step_idle_since(c, g);
+        int idle = idle_since && peer->granted >= g * c->max_chunks + s->expected && now - idle_since >= us(o->idle_close_us);
+        /* a straggler is not dead: its steps wait for it until the call's deadline */
+        int overdue = !empty && peer->heard && now >= c->step_deadline_ns;
+        if (!empty && !complete && !ended && !superseded && !idle && !overdue)
+            break;
+        if (!empty && !complete)
+            ended ? c->stats->steps_ended++ : superseded ? c->stats->steps_superseded++
+                  : idle ? c->stats->steps_idle_closed++ : c->stats->steps_timed_out++;
+        close_step(c, g);
+        c->recv_step++;
+        set_step_deadline(c, now);
+        closed = 1;
+    }
+    return closed;
+}
+
+/* ---- results --------------------------------------------------------------- */
+
+uint64_t udt_fresh_elements(const struct call *c)
+{
+    if (!gathers(c))
+        return c->args.count;
+    uint64_t fresh = 0;
+    for (uint32_t block = 0; block < c->n; block++) {
+        if (c->args.collective == UDT_ALL_GATHER && block == c->schedule.owned_block) {
+            fresh += c->block_first[block + 1] - c->block_first[block];
+            continue;
+        }
+        for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++)
+            if (c->final_count[c->chunk_base[block] + chunk])
+                fresh += chunk_length(c, block, chunk);
+    }
+    return fresh;
+}
+
+uint64_t udt_reduce_weighted(const struct call *c)
+{
+    if (!reduces(c))
+        return 0;
+    uint32_t block = c->schedule.owned_block;
+    uint64_t weighted = 0;
+    for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++)
+        weighted += (uint64_t)c->rs_count[c->chunk_base[block] + chunk] * chunk_length(c, block, chunk);
+    return weighted;
+}
+
+/* allreduce, per chunk: the owner's estimate if it reached us; otherwise our
+ * own reduce-scatter partial, rescaled (unbiased) or zero (baseline). */
+static double allreduce_factor(const struct call *c, uint64_t id, uint16_t *contributions)
+{
+    double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
+    if (c->final_count[id]) {
+        *contributions = c->final_count[id];
+        return mean;
+    }
+    if (c->args.estimator == UDT_ESTIMATOR_ZERO_FILL) {
+        *contributions = 0;
+        return 0.0;
+    }
+    *contributions = c->rs_count[id];
+    return mean * c->n / c->rs_count[id];
+}
+
+static double delivered_fraction(const struct call *c)
+{
+    if (c->args.count == 0)
+        return 1.0;
+    if (c->args.collective == UDT_REDUCE_SCATTER) {
+        uint64_t length = c->block_first[c->rank + 1] - c->block_first[c->rank];
+        return length ? (double)udt_reduce_weighted(c) / ((double)c->n * (double)length) : 1.0;
+    }
+    if (c->args.collective != UDT_ALLREDUCE)
+        return (double)udt_fresh_elements(c) / (double)c->args.count;
+    double delivered = 0;
+    for (uint32_t block = 0; block < c->n; block++) {
+        for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
+            uint16_t contributions;
+            allreduce_factor(c, c->chunk_base[block] + chunk, &contributions);
+            delivered += (double)contributions * (double)chunk_length(c, block, chunk);
+        }
+    }
+    return delivered / ((double)c->n * (double)c->args.count);
+}
+
+static void write_allreduce(struct call *c)
+{
+    uint8_t *out = c->args.output;
+    for (uint32_t block = 0; block < c->n; block++) {
+        for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
+            uint16_t contributions;
+            uint64_t id = c->chunk_base[block] + chunk;
+            double factor = allreduce_factor(c, id, &contributions);
+            uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
+            if (c->chunk_flags[id] & SCRATCH_VALID)
+                udt_store(c->args.dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes, elements, factor);
+            else /* a hole where nothing ever arrived: our own input, rescaled in place */
+                udt_rescale_wire(c->args.dtype, out + first * c->wire_bytes, elements, factor);
+        }
+    }
+}
+
+/* Gathered outputs: fresh chunks take the new value, stale ones keep theirs. */
+static void write_gathered(struct call *c)
+{
+    uint8_t *out = c->args.output;
+    for (uint32_t block = 0; block < c->n; block++) {
+        int own_input = c->args.collective == UDT_ALL_GATHER && block == c->schedule.owned_block;
+        for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
+            uint64_t id = c->chunk_base[block] + chunk;
+            uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
+            if (own_input || !(c->chunk_flags[id] & SCRATCH_VALID)) {
+                if (own_input || (c->final_count[id] && input_at(c, first) != out + first * c->wire_bytes))
+                    memmove(out + first * c->wire_bytes, input_at(c, first), elements * c->wire_bytes);
+            } else if (c->final_count[id]) {
+                udt_store(c->args.dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes, elements, 1.0);
+            }
+        }
+    }
+}
+
+int udt_write_output(struct call *c)
+{
+    c->stats->chunks_stale = 0;
+    if (gathers(c))
+        for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
+            c->stats->chunks_stale += c->final_count[id] == 0;
+    switch (c->args.collective) {
+    case UDT_ALLREDUCE:
+        write_allreduce(c);
+        break;
+    case UDT_REDUCE_SCATTER: {
+        uint32_t block = c->schedule.owned_block;
+        double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
+        uint64_t first = c->block_first[block], length = c->block_first[block + 1] - first;
+        if (length)
+            udt_store(c->args.dtype, c->args.output, c->accum + first * c->accum_bytes, length, mean);
+        break;
+    }
+    case UDT_ALL_GATHER:
+    case UDT_BROADCAST:
+        write_gathered(c);
+        break;
+    default:
+        break;
+    }
+    return UDT_OK;
+}
+
+/* ---- the call ----------------------------------------------------------- */
+
+static int grow(void **buffer, size_t *have, size_t need)
+{
+    if (need <= *have && *buffer)
+        return 0;
+    free(*buffer);
+    *buffer = malloc(need ? need : 1);
+    *have = *buffer ? need : 0;
+    return *buffer ? 0 : -1;
+}
+
+static int prepare(struct udt_comm *comm, struct call *c)
+{
+    const struct udt_collective_args *a = &c->args;
+    uint32_t n = comm->world_size;
+    c->wire_bytes = udt_wire_elem_bytes(a->dtype);
+    c->accum_bytes = udt_accum_elem_bytes(a->dtype);
+    c->chunk_elements = comm->options.chunk_bytes / c->wire_bytes;
+    if (c->chunk_elements == 0)
+        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "chunk_bytes is smaller than one element");
+    c->chunk_base = comm->geometry;
+    c->block_first = comm->geometry + n + 1;
+    uint64_t max_chunks = 0;
+    c->chunk_base[0] = 0;
+    for (uint32_t b = 0; b <= n; b++)
+        c->block_first[b] = udt_block_start(a->count, n, b);
+    for (uint32_t b = 0; b < n; b++) {
+        uint64_t chunks = udt_chunks_for(udt_block_length(a->count, n, b), c->chunk_elements);
+        c->chunk_base[b + 1] = c->chunk_base[b] + chunks;
+        if (chunks > max_chunks)
+            max_chunks = chunks;
+    }
+    uint32_t rotation = a->collective == UDT_ALLREDUCE ? c->sequence % n : 0;
+    uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, n);
+    uint64_t positions = (uint64_t)(steps + 1) * (max_chunks + 1) + (uint64_t)comm->options.window_bytes;
+    if (positions >= 0xF0000000ull || steps > 0xFFFF)
+        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "too many chunks for one call: raise chunk_bytes");
+    c->max_chunks = (uint32_t)max_chunks;
+    uint64_t total_chunks = c->chunk_base[n];
+
+    c->bitmap_bytes = (max_chunks + 7) / 8;
+    size_t step_bytes = (size_t)steps * (sizeof(struct udt_step) + sizeof(struct step_state) + c->bitmap_bytes);
+    size_t state_bytes = (size_t)total_chunks * (2 * sizeof(uint16_t) + 1);
+    if (grow((void **)&comm->scratch, &comm->scratch_bytes, (size_t)a->count * c->accum_bytes) ||
+        grow((void **)&comm->chunk_state, &comm->chunk_state_bytes, state_bytes) ||
+        grow((void **)&comm->step_memory, &comm->step_memory_bytes, step_bytes))
+        return fail(comm, UDT_ERR_NO_MEMORY, "out of memory for the call's buffers");
+    c->step = (struct udt_step *)comm->step_memory;
+    c->state = (struct step_state *)(c->step + steps);
+    c->arrival_bits = (uint8_t *)(c->state + steps);
+    if (udt_schedule_build(a->collective, a->algorithm, c->rank, n, a->root, rotation, &c->schedule, c->step, comm->block_scratch) != 0 ||
+        c->schedule.steps != steps)
+        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "no schedule for this collective and algorithm");
+    memset(c->state, 0, (size_t)steps * sizeof(struct step_state));
+    memset(c->arrival_bits, 0, (size_t)steps * c->bitmap_bytes);
+    uint32_t receives_after = 0;
+    for (uint32_t g = steps; g-- > 0;) {
+        c->state[g].receives_after = receives_after;
+        if (c->step[g].recv_peer != UDT_NO_PEER) {
+            c->state[g].expected = chunks_in_block(c, c->step[g].recv_block);
+            receives_after++;
+        }
+    }
+
+    c->accum = comm->scratch;
+    c->rs_count = (uint16_t *)comm->chunk_state;
+    c->final_count = c->rs_count + total_chunks;
+    c->chunk_flags = (uint8_t *)(c->final_count + total_chunks);
+    for (uint64_t i = 0; i < total_chunks; i++)
+        c->rs_count[i] = 1;
+    memset(c->final_count, 0, total_chunks * sizeof(uint16_t));
+    memset(c->chunk_flags, 0, total_chunks);
+    /* what this rank holds fresh before anything arrives: all_gather's own
+     * shard, everything at a broadcast's root */
+    uint32_t own = c->schedule.owned_block;
+    if (a->collective == UDT_ALL_GATHER)
+        for (uint64_t id = c->chunk_base[own]; id < c->chunk_base[own + 1]; id++)
+            c->final_count[id] = 1;
+    if (a->collective == UDT_BROADCAST && c->rank == a->root)
+        for (uint64_t id = 0; id < total_chunks; id++)
+            c->final_count[id] = 1;
+
+    uint32_t window = comm->options.window_bytes / comm->options.chunk_bytes;
+    c->window_chunks = window < 16 ? 16 : window;
+    c->stats->steps = steps;
+    c->stats->critical_path = (uint32_t)c->schedule.critical_path;
+    return UDT_OK;
+}
+
+static int valid_args(const struct udt_comm *comm, const struct udt_collective_args *a)
+{
+    if (a->collective < 0 || a->collective >= UDT_COLLECTIVE_COUNT || a->algorithm < 0 || a->algorithm >= UDT_ALGORITHM_COUNT)
+        return 0;
+    if (a->dtype < 0 || a->dtype >= UDT_DTYPE_COUNT || (a->op != UDT_OP_SUM && a->op != UDT_OP_MEAN))
+        return 0;
+    if (a->estimator != UDT_ESTIMATOR_UNBIASED && a->estimator != UDT_ESTIMATOR_ZERO_FILL)
+        return 0;
+    if (!(a->deadline_s > 0) || !(a->deadline_s <= 1e6) || !(a->loss_budget >= 0) || a->root >= comm->world_size)
+        return 0;
+    if (a->collective != UDT_AGREE && a->count && (!a->input || !a->output))
+        return 0;
+    return 1;
+}
+
+int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats, uint64_t now)
+{
+    memset(stats, 0, sizeof *stats);
+    stats->silent_rank = -1;
+    stats->mismatched_rank = -1;
+    stats->delivered_fraction = stats->reduce_fraction = stats->gather_fraction = 1.0;
+    stats->own_reduce_fraction = stats->own_gather_fraction = 1.0;
+    stats->deadline_s = args->deadline_s;
+    if (!valid_args(comm, args))
+        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "invalid collective arguments");
+    struct call *c = &comm->call;
+    memset(c, 0, sizeof *c);
+    c->args = *args;
+    if (args->collective == UDT_AGREE)
+        c->args.count = 0;
+    c->stats = stats;
+    comm->sequence++;
+    stats->sequence = comm->sequence;
+    c->sequence = comm->sequence;
+    c->n = comm->world_size;
+    c->rank = comm->rank;
+    c->layout_tag = layout_tag_of(&c->args, comm->options.chunk_bytes);
+    c->mismatched_rank = -1;
+    c->start_ns = now;
+    c->deadline_ns = now + (uint64_t)(args->deadline_s * 1e9);
+    /* the verdict round may run past the data deadline by a bounded slack */
+    double slack_s = args->deadline_s / 4 < 0.05 ? 0.05 : args->deadline_s / 4 > 1.0 ? 1.0 : args->deadline_s / 4;
+    c->hard_deadline_ns = c->deadline_ns + (uint64_t)(slack_s * 1e9);
+    c->drops_before = comm->transport->counter_injected_drops;
+    for (uint32_t p = 0; p < c->n; p++) {
+        struct peer_state *peer = &comm->peers[p];
+        peer->credit_limit = peer->early_credit_sequence == c->sequence ? peer->early_credit : 0;
+        peer->heard = peer->early_credit_sequence == c->sequence;
+        peer->granted = 0;
+        peer->granted_at_ns = 0;
+        peer->highest_step_seen = 0;
+        peer->finished = 0;
+        peer->verdict_attempts = 0;
+        peer->verdict_resend_ns = 0;
+    }
+    int rc = prepare(comm, c);
+    if (rc != UDT_OK)
+        return rc;
+    c->phase = PHASE_DATA;
+    if (c->n == 1) {
+        c->phase = PHASE_DONE; /* nothing to exchange, nobody to disagree with */
+        c->decided = 1;
+        c->status = UDT_OK;
+        return UDT_OK;
+    }
+    udt_verdict_begin_peers(c, comm, now);
+    set_step_deadline(c, now);
+    rc = grant_credits(c, now, 1);
+    if (rc < 0) {
+        c->phase = PHASE_IDLE;
+        snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+        return UDT_ERR_TRANSPORT;
+    }
+    return UDT_OK;
+}
+
+/* Earliest time something is due in the data phase. */
+static uint64_t data_wake(const struct call *c, const struct udt_comm *comm)
+{
+    uint64_t wake = c->deadline_ns;
+    if (c->recv_step >= c->schedule.steps)
+        return wake;
+    const struct step_state *s = &c->state[c->recv_step];
+    int32_t p = c->step[c->recv_step].recv_peer;
+    if (p != UDT_NO_PEER && comm->peers[p].heard && c->step_deadline_ns < wake)
+        wake = c->step_deadline_ns;
+    for (uint32_t g = c->recv_step; g < c->schedule.steps && g < c->recv_step + CREDIT_LOOKAHEAD_STEPS; g++) {
+        int32_t q = c->step[g].recv_peer;
+        if (q == UDT_NO_PEER || c->state[g].closed)
+            continue;
+        uint64_t refresh = comm->peers[q].granted_at_ns + us(comm->options.credit_refresh_us);
+        if (refresh < wake)
+            wake = refresh;
+    }
+    uint64_t idle = step_idle_since(c, c->recv_step);
+    if (idle && idle + us(comm->options.idle_close_us) < wake)
+        wake = idle + us(comm->options.idle_close_us);
+    uint64_t grace = us(comm->options.reorder_grace_us);
+    if (s->end_seen_ns && s->end_seen_ns + grace < wake)
+        wake = s->end_seen_ns + grace;
+    if (p != UDT_NO_PEER && comm->peers[p].finished && comm->peers[p].finished_at_ns + grace < wake)
+        wake = comm->peers[p].finished_at_ns + grace;
+    return wake;
+}
+
+int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
+{
+    struct call *c = &comm->call;
+    if (c->phase == PHASE_DONE || c->phase == PHASE_IDLE)
+        return 2;
+    int progressed = 0, rc;
+    if (c->phase == PHASE_DATA) {
+        if (now >= c->deadline_ns) {
+            /* whatever has not arrived is lost; close the rest in order so
+             * the owned block is still rescaled; abandon unsent data */
+            c->stats->deadline_expired = 1;
+            udt_close_all_steps(c);
+            c->send_step = c->schedule.steps;
+        }
+        progressed |= close_ready_steps(c, now);
+        if ((rc = send_some(c)) < 0)
+            return rc;
+        progressed |= rc;
+    }
+    int got = receive_some(c, comm, now);
+    if (got < 0)
+        return got;
+    progressed |= got > 0;
+    if (c->phase == PHASE_DATA) {
+        progressed |= close_ready_steps(c, now);
+        if (c->recv_step < c->schedule.steps && (rc = grant_credits(c, now, 0)) < 0)
+            return rc;
+        if (c->recv_step >= c->schedule.steps && c->send_step >= c->schedule.steps) {
+            udt_verdict_begin(c, comm, now);
+            progressed = 1;
+        }
+    }
+    uint64_t wake = c->phase == PHASE_DATA ? data_wake(c, comm) : c->hard_deadline_ns;
+    if (c->phase == PHASE_VERDICT) {
+        rc = udt_verdict_progress(c, comm, now, &wake);
+        if (rc < 0)
+            return rc;
+        progressed |= rc;
+    }
+    if (wake_ns)
+        *wake_ns = wake;
+    return c->phase == PHASE_DONE ? 2 : progressed;
+}
+
+int udt_call_finish(struct udt_comm *comm, uint64_t now)
+{
+    struct call *c = &comm->call;
+    struct udt_collective_stats *st = c->stats;
+    st->injected_drops = comm->transport->counter_injected_drops - c->drops_before;
+    st->mismatched_rank = c->mismatched_rank;
+    st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
+    if (c->phase != PHASE_DONE) {
+        c->phase = PHASE_IDLE;
+        return fail(comm, UDT_ERR_TRANSPORT, "call abandoned before its verdict");
+    }
+    c->phase = PHASE_IDLE;
+    if (c->n > 1)
+        st->delivered_fraction = delivered_fraction(c);
+    int status = c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
+    if (status == UDT_OK)
+        udt_write_output(c);
+    return status;
+}
+
+int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
+{
+    uint64_t now = monotonic_ns();
+    int rc = udt_call_start(comm, args, stats, now);
+    if (rc != UDT_OK) {
+        stats->elapsed_s = (double)(monotonic_ns() - now) * 1e-9;
+        return rc;
+    }
+    uint64_t spin_started_ns = 0;
+    for (;;) {
+        uint64_t wake = 0;
+        now = monotonic_ns();
+        rc = udt_call_progress(comm, now, &wake);
+        if (rc < 0) {
+            comm->call.phase = PHASE_IDLE;
+            snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+            stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
+            return UDT_ERR_TRANSPORT;
+        }
+        if (rc == 2)
+            break;
+        if (rc == 1) {
+            spin_started_ns = 0;
+            continue;
+        }
+        /* Spin briefly before sleeping: a wake-up costs more than the next
+         * datagram usually takes to come. */
+        if (!spin_started_ns)
+            spin_started_ns = now;
+        if (now - spin_started_ns < us(comm->options.busy_poll_us))
+            continue;
+        int64_t wait_us = wake > now ? (int64_t)((wake - now) / 1000) : 0;
+        stats->idle_waits++;
+        if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0) {
+            comm->call.phase = PHASE_IDLE;
+            snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+            return UDT_ERR_TRANSPORT;
+        }
+    }
+    return udt_call_finish(comm, monotonic_ns());
+}
+
+/* ---- the communicator ------------------------------------------------------ */
+
+struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
+                                 const struct udt_engine_options *options, char *error, int error_bytes)
+{
+    if (world_size == 0 || rank >= world_size || world_size >= UDT_NO_RANK) {
+        snprintf(error, (size_t)error_bytes, "rank %u is not in a world of %u", rank, world_size);
+        return NULL;
+    }
+    if (world_size > UDT_MAX_WORLD) {
+        snprintf(error, (size_t)error_bytes, "world sizes above %d are not supported (got %u)", UDT_MAX_WORLD, world_size);
+        return NULL;
+    }
+    uint32_t max_chunk = transport->max_datagram_bytes - UDT_WIRE_HEADER_BYTES;
+    if (options->chunk_bytes == 0 || options->chunk_bytes > max_chunk) {
+        snprintf(error, (size_t)error_bytes, "chunk_bytes %u must be between 1 and %u (the transport's datagram size minus the %u-byte header)",
+                 options->chunk_bytes, max_chunk, UDT_WIRE_HEADER_BYTES);
+        return NULL;
+    }
+    struct udt_comm *comm = calloc(1, sizeof *comm);
+    if (comm) {
+        comm->staging = malloc((size_t)SEND_BATCH * options->chunk_bytes);
+        comm->peers = calloc(world_size, sizeof *comm->peers);
+        comm->geometry = calloc(2 * ((size_t)world_size + 1), sizeof *comm->geometry);
+        comm->block_scratch = calloc(world_size, sizeof *comm->block_scratch);
+    }
+    if (!comm || !comm->staging || !comm->peers || !comm->geometry || !comm->block_scratch) {
+        if (comm) {
+            free(comm->staging);
+            free(comm->peers);
+            free(comm->geometry);
+            free(comm->block_scratch);
+            free(comm);
+        }
+        snprintf(error, (size_t)error_bytes, "out of memory");
+        return NULL;
+    }
+    comm->transport = transport;
+    comm->rank = rank;
+    comm->world_size = world_size;
+    comm->session_id = session_id;
+    comm->options = *options;
+    if (comm->options.end_repeats == 0)
+        comm->options.end_repeats = 1;
+    if (comm->options.agree_resend_us == 0)
+        comm->options.agree_resend_us = 1000;
+    return comm;
+}
+
+int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
+{
+    int rc = udt_transport_set_peers(comm->transport, addresses, address_bytes, comm->world_size);
+    if (rc < 0)
+        snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+    return rc;
+}
+
+void udt_comm_destroy(struct udt_comm *comm)
+{
+    if (!comm)
+        return;
+    udt_transport_destroy(comm->transport);
+    free(comm->scratch);
+    free(comm->chunk_state);
+    free(comm->step_memory);
+    free(comm->geometry);
+    free(comm->block_scratch);
+    free(comm->peers);
+    free(comm->staging);
+    free(comm);
+}
+
+const char *udt_comm_error(const struct udt_comm *comm) { return comm->error; }
+uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm) { return comm->options.chunk_bytes; }

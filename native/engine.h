@@ -1,0 +1,122 @@
+/* The collective engine: executes a schedule (schedule.h) over any
+ * udt_transport, chunk by chunk, never retransmitting data, then runs a
+ * verdict round so every rank returns the same outcome. Called with the GIL
+ * released; touches only C memory.
+ *
+ * Two ways to drive a call: udt_collective() runs it to the end (sleeping on
+ * the transport when idle); udt_call_start / udt_call_progress /
+ * udt_call_finish let one thread step many engines on a virtual clock (the
+ * simulator does this). */
+#ifndef UDT_ENGINE_H
+#define UDT_ENGINE_H
+
+#include <stdint.h>
+
+#include "schedule.h"
+#include "transport.h"
+
+#define UDT_MAX_WORLD 4096
+
+enum udt_status {
+    UDT_OK = 0,
+    UDT_ERR_LOSS_BUDGET = 1,    /* more missing than the budget allows; output untouched */
+    UDT_ERR_PEER_TIMEOUT = 2,   /* a rank was not heard from by the deadline; output untouched */
+    UDT_ERR_INVALID_ARGUMENT = 3,
+    UDT_ERR_TRANSPORT = 4,
+    UDT_ERR_NO_MEMORY = 5,
+    UDT_ERR_LAYOUT_MISMATCH = 6, /* a rank called with another collective, size, dtype, op or root */
+};
+
+enum udt_op { UDT_OP_SUM = 0, UDT_OP_MEAN = 1 };
+
+/* How a missing contribution is treated. UNBIASED is the product; ZERO_FILL
+ * (no rescaling, zeros in holes, as OptiReduce does) exists as a baseline
+ * and as the negative control of the unbiasedness test. */
+enum udt_estimator { UDT_ESTIMATOR_UNBIASED = 0, UDT_ESTIMATOR_ZERO_FILL = 1 };
+
+struct udt_engine_options {
+    uint32_t chunk_bytes;       /* payload bytes per datagram, at most transport max - header */
+    uint32_t window_bytes;      /* data all peers together may have in flight to us */
+    uint32_t end_repeats;       /* copies of each END marker (they can be lost too) */
+    uint32_t credit_refresh_us; /* resend our credit this often while waiting */
+    uint32_t reorder_grace_us;  /* after an END, wait this long for stragglers */
+    uint32_t busy_poll_us;      /* spin this long for the next datagram before sleeping */
+    uint32_t idle_close_us;     /* a step that lost chunks closes after this long without arrivals (0 = never) */
+    uint32_t agree_resend_us;   /* first resend interval of verdict messages (doubles, up to 16x) */
+};
+
+struct udt_collective_args {
+    int collective;  /* enum udt_collective */
+    int algorithm;   /* enum udt_algorithm */
+    const void *input;  /* allreduce, broadcast: the tensor; reduce_scatter: the full tensor; all_gather: this rank's shard */
+    void *output;       /* allreduce, broadcast: the tensor; reduce_scatter: this rank's shard; all_gather: the full tensor */
+    uint64_t count;     /* elements of the full tensor */
+    int dtype;
+    int op;
+    int estimator;
+    uint32_t root;         /* broadcast */
+    uint32_t agree_value;  /* combined by max over ranks; the result is in stats.agreed_value */
+    double loss_budget;
+    double deadline_s;
+};
+
+struct udt_collective_stats {
+    double delivered_fraction; /* share of all ranks' contributions present in this rank's result */
+    double reduce_fraction;    /* agreed: share of all contributions that reached their shard's owner (1 without a reduce half) */
+    double gather_fraction;    /* agreed: the least share of fresh elements in any rank's output (1 without a gather half) */
+    double own_reduce_fraction; /* this rank's shard only */
+    double own_gather_fraction; /* this rank's output only */
+    uint64_t chunks_total;     /* chunks this rank expected to receive */
+    uint64_t chunks_lost;      /* of those, never arrived in time */
+    uint64_t chunks_stale;     /* chunks of this rank's output that kept their old value (or were filled) */
+    uint64_t datagrams_sent;
+    uint64_t datagrams_received; /* valid data datagrams used */
+    uint64_t dropped_stale;      /* for an earlier call or a step already closed */
+    uint64_t dropped_duplicate;
+    uint64_t dropped_foreign;    /* wrong magic, version, session or source */
+    uint64_t dropped_invalid;    /* truncated, out of range, inconsistent lengths */
+    uint64_t dropped_early;      /* would have overwritten data not yet sent */
+    uint64_t injected_drops;     /* by the loss-injection model, this call */
+    uint64_t agree_messages_sent;
+    double elapsed_s;
+    double deadline_s;
+    double agree_s;              /* time spent in the verdict round */
+    uint32_t sequence;
+    uint32_t steps;
+    uint32_t critical_path;      /* hops on the schedule's longest dependency chain */
+    /* how receive steps that missed chunks were closed */
+    uint32_t steps_ended;        /* by the sender's END marker (or its verdict message) */
+    uint32_t steps_superseded;   /* by data of a later step from the same peer */
+    uint32_t steps_idle_closed;  /* quiet after a gap */
+    uint32_t steps_timed_out;    /* by their share of the deadline */
+    uint32_t idle_waits;         /* times the engine slept waiting for the network */
+    uint32_t credit_stalls;      /* times sending stopped at a receiver's credit limit */
+    uint32_t agreed_value;       /* max over ranks of args.agree_value */
+    int32_t silent_rank;         /* -1 when every peer was heard */
+    int32_t mismatched_rank;     /* -1 unless a peer called with another layout */
+    int32_t deadline_expired;
+};
+
+struct udt_comm;
+
+/* Takes ownership of the transport. Returns NULL and fills error on failure. */
+struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
+                                 const struct udt_engine_options *options, char *error, int error_bytes);
+void udt_comm_destroy(struct udt_comm *comm);
+int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes);
+const char *udt_comm_error(const struct udt_comm *comm);
+uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
+
+/* Run one collective to the end. The output is written only on UDT_OK. */
+int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
+
+/* Stepping interface. start returns UDT_OK or an error (then no call is
+ * active). progress returns 0 when nothing happened (sleep until *wake_ns
+ * at the latest), 1 when something did, 2 when the call is over, <0 on a
+ * transport error. finish writes the output (on success) and returns the
+ * status. `now_ns` is any monotonic clock, the same for one call. */
+int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats, uint64_t now_ns);
+int udt_call_progress(struct udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns);
+int udt_call_finish(struct udt_comm *comm, uint64_t now_ns);
+
+#endif

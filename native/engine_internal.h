@@ -1,0 +1,138 @@
+/* State shared by the engine's files (engine.c: steps and data; verdict.c:
+ * the verdict round). Not part of the public interface. */
+#ifndef UDT_ENGINE_INTERNAL_H
+#define UDT_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "wire.h"
+
+#define SEND_BATCH 32
+#define RECV_BATCH 16
+
+/* per-chunk flags */
+#define SCRATCH_VALID 1u /* scratch holds this chunk's current value; else the caller's input does */
+
+enum call_phase { PHASE_IDLE = 0, PHASE_DATA = 1, PHASE_VERDICT = 2, PHASE_DONE = 3 };
+
+/* verdict causes, by severity (the worst one on any rank wins) */
+enum { CAUSE_NONE = 0, CAUSE_PEER_TIMEOUT = 1, CAUSE_LAYOUT = 2, CAUSE_TRANSPORT = 3 };
+#define CAUSE_WORD(severity, rank) (((uint32_t)(severity) << 16) | (uint32_t)(rank))
+
+/* what a peer told us in the verdict round, kept per call parity so a
+ * peer one call ahead does not overwrite the current call's message */
+#define VERDICT_GOT 1u
+#define VERDICT_ACKED 2u
+struct verdict_slot {
+    uint32_t sequence;
+    uint8_t flags;
+    uint8_t payload[UDT_VERDICT_BYTES];
+};
+
+struct peer_state {
+    /* this call */
+    uint32_t credit_limit;   /* we may send it positions below this */
+    uint32_t granted;        /* the last credit we sent it */
+    uint32_t wanted;         /* scratch of grant_credits */
+    uint64_t granted_at_ns;
+    uint32_t highest_step_seen; /* +1, of data or END it sent us */
+    uint8_t heard;              /* anything valid from it during this call */
+    uint8_t finished;           /* its verdict came: it sends us nothing more */
+    uint64_t finished_at_ns;
+    uint32_t verdict_attempts;
+    uint64_t verdict_resend_ns;
+    /* kept between calls */
+    uint32_t early_credit_sequence, early_credit;
+    struct verdict_slot slot[2];
+};
+
+struct step_state {
+    uint32_t expected;   /* chunks of the block it receives (0: receives nothing) */
+    uint32_t received;
+    uint32_t announced;  /* chunks the sender said it sends; 0 = not yet known */
+    uint32_t seen_end;   /* one past the highest chunk index received */
+    uint32_t receives_after; /* receiving steps after this one */
+    uint8_t closed;
+    uint64_t end_seen_ns;
+    uint64_t last_arrival_ns;
+};
+
+struct call {
+    int phase;
+    struct udt_collective_args args;
+    struct udt_collective_stats *stats;
+    struct udt_schedule schedule;
+    struct udt_step *step;       /* schedule.steps entries */
+    struct step_state *state;    /* one per step */
+    uint8_t *arrival_bits;       /* per step, one bit per chunk */
+    size_t bitmap_bytes;         /* per step */
+    uint32_t rank, n, sequence, layout_tag;
+    size_t wire_bytes, accum_bytes;
+    uint64_t chunk_elements;
+    uint32_t max_chunks;         /* in any block: positions are step * max_chunks + chunk */
+    uint64_t *chunk_base;        /* n + 1: first chunk id of each block */
+    uint64_t *block_first;       /* n + 1: first element of each block (and the end) */
+    uint16_t *rs_count;          /* contributions summed in a chunk (reduce half) */
+    uint16_t *final_count;       /* contributions in the fresh value of a chunk, 0 = not fresh */
+    uint8_t *chunk_flags;
+    uint8_t *accum;
+    uint32_t recv_step;          /* lowest receive step not yet closed */
+    uint64_t step_deadline_ns;
+    uint32_t send_step, send_chunk, send_announced;
+    uint32_t window_chunks;
+    int credits_dirty;           /* something changed that may move a credit */
+    int32_t mismatched_rank;
+    uint64_t start_ns, deadline_ns, hard_deadline_ns;
+    uint64_t drops_before;
+    /* verdict round */
+    uint8_t my_verdict[UDT_VERDICT_BYTES];
+    uint32_t verdicts_got, verdicts_acked;
+    uint64_t verdict_started_ns, decided_ns;
+    int decided;
+    uint32_t status;             /* decided status */
+};
+
+struct udt_comm {
+    struct udt_transport *transport;
+    uint32_t rank, world_size;
+    uint64_t session_id;
+    uint32_t sequence; /* of the last call started */
+    struct udt_engine_options options;
+    struct peer_state *peers;
+    /* our own verdict of the previous call, to answer peers still in it */
+    uint32_t last_verdict_sequence;
+    uint32_t last_layout_tag;
+    uint8_t last_verdict[UDT_VERDICT_BYTES];
+    /* buffers kept between calls so a steady workload allocates nothing */
+    uint8_t *scratch;
+    size_t scratch_bytes;
+    uint8_t *chunk_state;
+    size_t chunk_state_bytes;
+    uint8_t *step_memory;
+    size_t step_memory_bytes;
+    uint64_t *geometry;      /* chunk_base and block_first */
+    uint32_t *block_scratch; /* for the schedule builder */
+    uint8_t *staging;
+    uint8_t headers[SEND_BATCH + 8][UDT_WIRE_HEADER_BYTES];
+    struct call call;
+    char error[320];
+};
+
+/* engine.c */
+void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
+void udt_close_all_steps(struct call *c);
+int udt_write_output(struct call *c);
+uint64_t udt_fresh_elements(const struct call *c);
+uint64_t udt_reduce_weighted(const struct call *c);
+
+/* verdict.c */
+void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);
+void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now);
+int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake);
+void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
+                         uint32_t payload_bytes, uint32_t peer, uint64_t now);
+int udt_verdict_status(struct call *c, struct udt_comm *comm);
+
+#endif

@@ -1,0 +1,73 @@
+/* Algorithms as schedules: who sends which block to whom, and what is
+ * expected from whom, step by step. Pure functions of (collective, algorithm,
+ * rank, world size, root, rotation): no state, no I/O. The engine executes
+ * any schedule; the simulator runs the same builders.
+ *
+ * Step i of a rank's schedule pairs with step i of every other rank's: what
+ * rank p sends to rank q in its step i is what q expects from p in its step
+ * i. A step may only send, only receive, or do neither. */
+#ifndef UDT_SCHEDULE_H
+#define UDT_SCHEDULE_H
+
+#include <stdint.h>
+
+enum udt_collective {
+    UDT_ALLREDUCE = 0,
+    UDT_REDUCE_SCATTER = 1,
+    UDT_ALL_GATHER = 2,
+    UDT_BROADCAST = 3,
+    UDT_AGREE = 4, /* no data: only the verdict round */
+    UDT_COLLECTIVE_COUNT = 5,
+};
+
+enum udt_algorithm {
+    UDT_ALGORITHM_RING = 0,   /* neighbours only; partial sums travel N-1 hops */
+    UDT_ALGORITHM_DIRECT = 1, /* transpose: every rank talks to every rank, one hop per half */
+    UDT_ALGORITHM_COUNT = 2,
+};
+
+enum udt_recv_mode {
+    UDT_RECV_REDUCE = 0,    /* add into the block; the payload carries a contribution count */
+    UDT_RECV_OVERWRITE = 1, /* replace the block's chunk with a final value (fresh) */
+};
+
+enum udt_step_phase { UDT_STEP_REDUCE = 0, UDT_STEP_GATHER = 1 };
+
+#define UDT_NO_PEER (-1)
+#define UDT_NO_STEP (-1)
+
+struct udt_step {
+    int32_t send_peer;   /* UDT_NO_PEER: nothing to send */
+    uint32_t send_block;
+    int32_t send_after;  /* receive step that must be closed before sending (UDT_NO_STEP: none) */
+    int32_t recv_peer;   /* UDT_NO_PEER: nothing expected */
+    uint32_t recv_block;
+    uint8_t recv_mode;   /* enum udt_recv_mode */
+    uint8_t phase;       /* enum udt_step_phase: which half the step belongs to */
+    /* A receive into recv_block may be admitted only once this many send
+     * steps are done: the last earlier send that reads the same block must
+     * have left, or the receive would change what it sends. */
+    uint32_t recv_needs_sent;
+};
+
+struct udt_schedule {
+    uint32_t steps;
+    uint32_t world_size;
+    uint32_t owned_block;     /* the block this rank finalises (reduce) or relays (broadcast) */
+    int32_t finalize_after;   /* receive step after whose close owned_block is final (UDT_NO_STEP: none) */
+    uint32_t reduce_steps;    /* steps [0, reduce_steps) are the first half */
+    int32_t critical_path;    /* hops on the longest dependency chain (the latency in rounds) */
+};
+
+/* Number of steps a schedule has (the same on every rank). */
+uint32_t udt_schedule_steps(int collective, int algorithm, uint32_t world_size);
+
+/* Fill `out` (udt_schedule_steps entries) and `schedule`. Blocks are numbered
+ * after rotation: block b is tensor segment (b + rotation) mod N, so over calls
+ * every rank owns every part of the tensor equally often. `block_scratch`
+ * has world_size entries of working space. Returns 0, or -1 for an unknown
+ * collective/algorithm or a root outside the world. */
+int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t world_size, uint32_t root, uint32_t rotation,
+                       struct udt_schedule *schedule, struct udt_step *out, uint32_t *block_scratch);
+
+#endif

@@ -1,0 +1,247 @@
+/* The verdict round: after its data phase every rank tells every other rank
+ * what it saw (struct udt_verdict), and all of them combine the same set of
+ * messages the same way, so every rank returns the same outcome.
+ *
+ * One round, all to all: O(N) small messages per rank, O(1) rounds, and a
+ * dead rank is seen directly by everyone (nobody waits on a relay).
+ * Control messages are repeated until acknowledged ("no retransmission" is
+ * about data): each message carries HAVE_YOURS when the sender already holds
+ * the receiver's verdict, which is the acknowledgement; an unsolicited
+ * message is answered once with a REPLY, which is never answered. A rank
+ * decides once it holds every verdict, then lingers briefly until everyone
+ * acknowledged its own; peers that are one call ahead or behind are served
+ * from the kept verdict of the previous call. */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#define VERDICT_MISMATCH 4u /* the peer's layout tag differed from ours */
+#define LINGER_RESENDS 16u  /* after deciding, wait at most this many first-resend intervals for acknowledgements */
+
+static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
+{
+    uint32_t shift = attempts < 4 ? attempts : 4;
+    return ((uint64_t)comm->options.agree_resend_us * 1000ull) << shift;
+}
+
+static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
+                        const uint8_t *payload, uint8_t flags)
+{
+    struct udt_wire_header h;
+    udt_fill_header(c, &h, UDT_KIND_AGREE, 0);
+    h.sequence = sequence;
+    h.layout_tag = layout_tag;
+    h.flags = flags;
+    h.payload_bytes = UDT_VERDICT_BYTES;
+    uint8_t *slot = comm->headers[SEND_BATCH + 1];
+    udt_wire_encode(&h, slot);
+    struct udt_send_item item = {.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
+                                 .payload_bytes = UDT_VERDICT_BYTES};
+    int rc = udt_transport_send(comm->transport, &item, 1);
+    if (rc > 0) {
+        c->stats->datagrams_sent++;
+        c->stats->agree_messages_sent++;
+    }
+    return rc < 0 ? rc : 0;
+}
+
+static struct verdict_slot *slot_for(struct udt_comm *comm, uint32_t peer, uint32_t sequence)
+{
+    struct verdict_slot *slot = &comm->peers[peer].slot[sequence & 1];
+    if (slot->sequence != sequence) {
+        slot->sequence = sequence;
+        slot->flags = 0;
+    }
+    return slot;
+}
+
+static void mark_finished(struct udt_comm *comm, uint32_t peer, uint64_t now)
+{
+    struct peer_state *p = &comm->peers[peer];
+    p->heard = 1;
+    if (!p->finished) {
+        p->finished = 1; /* its data phase is over: it sends us nothing more */
+        p->finished_at_ns = now;
+    }
+}
+
+/* At the start of a call: verdicts that peers one call ahead sent early. */
+void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->rank)
+            continue;
+        struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+        if (slot->flags & VERDICT_GOT) {
+            c->verdicts_got++;
+            mark_finished(comm, p, now);
+        }
+        if (slot->flags & VERDICT_ACKED)
+            c->verdicts_acked++;
+    }
+}
+
+void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    struct udt_verdict mine = {
+        .cause = c->mismatched_rank >= 0 ? CAUSE_WORD(CAUSE_LAYOUT, c->mismatched_rank) : CAUSE_NONE,
+        .agree_value = c->args.agree_value,
+        .reduce_weighted = udt_reduce_weighted(c),
+        .fresh_elements = udt_fresh_elements(c),
+        .loss_budget = c->args.loss_budget,
+    };
+    udt_verdict_encode(&mine, c->my_verdict);
+    c->phase = PHASE_VERDICT;
+    c->verdict_started_ns = now;
+    for (uint32_t p = 0; p < c->n; p++)
+        comm->peers[p].verdict_resend_ns = now; /* everyone is due at once */
+}
+
+void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
+                         uint32_t payload_bytes, uint32_t peer, uint64_t now)
+{
+    if (payload_bytes != UDT_VERDICT_BYTES || h->payload_bytes != UDT_VERDICT_BYTES || (h->flags & ~3u) || h->reserved) {
+        c->stats->dropped_invalid++;
+        return;
+    }
+    int have_ours = h->flags & UDT_AGREE_HAVE_YOURS, is_reply = h->flags & UDT_AGREE_REPLY;
+    if (h->sequence == c->sequence || h->sequence == c->sequence + 1) {
+        struct verdict_slot *slot = slot_for(comm, peer, h->sequence);
+        int current = h->sequence == c->sequence;
+        if (!(slot->flags & VERDICT_GOT)) {
+            memcpy(slot->payload, payload, UDT_VERDICT_BYTES);
+            slot->flags |= VERDICT_GOT;
+            if (current && h->layout_tag != c->layout_tag)
+                slot->flags |= VERDICT_MISMATCH;
+            if (current) {
+                c->verdicts_got++;
+                mark_finished(comm, peer, now);
+            }
+        }
+        if (have_ours && !(slot->flags & VERDICT_ACKED)) {
+            slot->flags |= VERDICT_ACKED;
+            c->verdicts_acked += current;
+        }
+        if (current && !is_reply && c->phase >= PHASE_VERDICT)
+            send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
+        return;
+    }
+    if (h->sequence == comm->last_verdict_sequence && comm->last_verdict_sequence != 0) {
+        /* a peer still in the previous call lacks our verdict or our acknowledgement */
+        if (!is_reply)
+            send_verdict(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, comm->last_verdict,
+                         UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
+        return;
+    }
+    c->stats->dropped_stale++;
+}
+
+static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    struct udt_verdict combined, other;
+    udt_verdict_decode(c->my_verdict, &combined);
+    uint64_t fresh_least = combined.fresh_elements;
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->rank)
+            continue;
+        struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+        if (!(slot->flags & VERDICT_GOT)) {
+            uint32_t silent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
+            combined.cause = silent > combined.cause ? silent : combined.cause;
+            continue;
+        }
+        udt_verdict_decode(slot->payload, &other);
+        if (slot->flags & VERDICT_MISMATCH && CAUSE_WORD(CAUSE_LAYOUT, p) > other.cause)
+            other.cause = CAUSE_WORD(CAUSE_LAYOUT, p);
+        combined.cause = other.cause > combined.cause ? other.cause : combined.cause;
+        combined.agree_value = other.agree_value > combined.agree_value ? other.agree_value : combined.agree_value;
+        combined.loss_budget = other.loss_budget < combined.loss_budget ? other.loss_budget : combined.loss_budget;
+        combined.reduce_weighted += other.reduce_weighted;
+        fresh_least = other.fresh_elements < fresh_least ? other.fresh_elements : fresh_least;
+    }
+    struct udt_collective_stats *st = c->stats;
+    double count = (double)c->args.count;
+    int reduces = c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER;
+    int gathers = c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE;
+    struct udt_verdict mine;
+    udt_verdict_decode(c->my_verdict, &mine);
+    if (count > 0) {
+        uint32_t own = c->schedule.owned_block;
+        double own_length = (double)(c->block_first[own + 1] - c->block_first[own]);
+        st->reduce_fraction = reduces ? (double)combined.reduce_weighted / ((double)c->n * count) : 1.0;
+        st->gather_fraction = gathers ? (double)fresh_least / count : 1.0;
+        st->own_reduce_fraction = reduces && own_length > 0 ? (double)mine.reduce_weighted / ((double)c->n * own_length) : 1.0;
+        st->own_gather_fraction = gathers ? (double)mine.fresh_elements / count : 1.0;
+    }
+    st->agreed_value = combined.agree_value;
+    uint32_t severity = combined.cause >> 16, blamed = combined.cause & 0xFFFFu;
+    if (severity == CAUSE_PEER_TIMEOUT) {
+        st->silent_rank = (int32_t)blamed;
+        snprintf(comm->error, sizeof comm->error, "rank %u was not heard from within the %.3f s deadline", blamed, c->args.deadline_s);
+        c->status = UDT_ERR_PEER_TIMEOUT;
+    } else if (severity == CAUSE_LAYOUT) {
+        c->mismatched_rank = (int32_t)blamed;
+        snprintf(comm->error, sizeof comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
+        c->status = UDT_ERR_LAYOUT_MISMATCH;
+    } else if (severity != CAUSE_NONE) {
+        snprintf(comm->error, sizeof comm->error, "rank %u failed with a transport error", blamed);
+        c->status = UDT_ERR_TRANSPORT;
+    } else if (1.0 - st->reduce_fraction > combined.loss_budget + 1e-12 || 1.0 - st->gather_fraction > combined.loss_budget + 1e-12) {
+        snprintf(comm->error, sizeof comm->error,
+                 "%.2f%% of contributions missing at their owners and %.2f%% of some rank's result stale; budget %.2f%%",
+                 100.0 * (1.0 - st->reduce_fraction), 100.0 * (1.0 - st->gather_fraction), 100.0 * combined.loss_budget);
+        c->status = UDT_ERR_LOSS_BUDGET;
+    } else {
+        c->status = UDT_OK;
+    }
+    c->decided = 1;
+    c->decided_ns = now;
+    /* kept to answer peers that are still in this call when we are in the next */
+    comm->last_verdict_sequence = c->sequence;
+    comm->last_layout_tag = c->layout_tag;
+    memcpy(comm->last_verdict, c->my_verdict, UDT_VERDICT_BYTES);
+    return 1;
+}
+
+int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake)
+{
+    int progressed = 0;
+    uint32_t others = c->n - 1;
+    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns))
+        progressed |= decide(c, comm, now);
+    uint64_t linger_end = c->decided_ns + (uint64_t)comm->options.agree_resend_us * 1000ull * LINGER_RESENDS;
+    if (c->decided && (c->verdicts_acked >= others || now >= linger_end || now >= c->hard_deadline_ns)) {
+        c->phase = PHASE_DONE;
+        c->stats->agree_s = (double)(now - c->verdict_started_ns) * 1e-9;
+        return 1;
+    }
+    uint64_t next = c->decided ? linger_end : c->hard_deadline_ns;
+    for (uint32_t p = 0; p < c->n; p++) {
+        struct peer_state *peer = &comm->peers[p];
+        if (p == c->rank)
+            continue;
+        struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+        if ((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED))
+            continue;
+        if (now >= peer->verdict_resend_ns) {
+            uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;
+            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, flags);
+            if (rc < 0)
+                return rc;
+            peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++);
+            progressed = 1;
+        }
+        if (peer->verdict_resend_ns < next)
+            next = peer->verdict_resend_ns;
+    }
+    if (next < *wake)
+        *wake = next;
+    return progressed;
+}
+
+int udt_verdict_status(struct call *c, struct udt_comm *comm)
+{
+    (void)comm;
+    return c->status;
+}
