@@ -211,3 +211,6 @@ include "verbs_cq.pxi"
 include "verbs_ah.pxi"
 include "verbs_qp.pxi"
 include "verbs_transport.pxi"
+
+# ---- the simulator: many engines in one process on a virtual clock ----
+include "simulator.pxi"

@@ -1,0 +1,1 @@
+# The simulator's bindings (written in a later commit).
