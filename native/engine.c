@@ -495,6 +495,8 @@ static uint64_t step_idle_since(const struct call *c, uint32_t g)
     return s->last_arrival_ns;
 }
 
+static uint64_t silence_after(const struct call *c) { return c->start_ns + (c->deadline_ns - c->start_ns) / 2; }
+
 /* Close the lowest open receive steps that are complete, ended, superseded,
  * idle after loss, or overdue. */
 static int close_ready_steps(struct call *c, uint64_t now)
@@ -517,8 +519,9 @@ static int close_ready_steps(struct call *c, uint64_t now)
          * otherwise its silence may be our own flow control */
         uint64_t idle_since = empty ? 0 : step_idle_since(c, g);
         int idle = idle_since && peer->granted >= g * c->max_chunks + s->expected && now - idle_since >= us(o->idle_close_us);
-        /* a straggler is not dead: its steps wait for it until the call's deadline */
-        int overdue = !empty && peer->heard && now >= c->step_deadline_ns;
+        /* a straggler is not dead: a sender not heard from in this call is
+         * waited for until half the deadline, not just the step's share */
+        int overdue = !empty && (peer->heard || now >= silence_after(c)) && now >= c->step_deadline_ns;
         if (!empty && !complete && !ended && !superseded && !idle && !overdue)
             break;
         if (!empty && !complete)
@@ -838,8 +841,11 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm)
         return wake;
     const struct step_state *s = &c->state[c->recv_step];
     int32_t p = c->step[c->recv_step].recv_peer;
-    if (p != UDT_NO_PEER && comm->peers[p].heard && c->step_deadline_ns < wake)
-        wake = c->step_deadline_ns;
+    if (p != UDT_NO_PEER) {
+        uint64_t due = comm->peers[p].heard || c->step_deadline_ns >= silence_after(c) ? c->step_deadline_ns : silence_after(c);
+        if (due < wake)
+            wake = due;
+    }
     for (uint32_t g = c->recv_step; g < c->schedule.steps && g < c->recv_step + CREDIT_LOOKAHEAD_STEPS; g++) {
         int32_t q = c->step[g].recv_peer;
         if (q == UDT_NO_PEER || c->state[g].closed)

@@ -28,6 +28,7 @@ enum { CAUSE_NONE = 0, CAUSE_PEER_TIMEOUT = 1, CAUSE_LAYOUT = 2, CAUSE_TRANSPORT
 struct verdict_slot {
     uint32_t sequence;
     uint8_t flags;
+    uint32_t layout_tag;
     uint8_t payload[UDT_VERDICT_BYTES];
 };
 

@@ -16,7 +16,6 @@
 
 #include "engine_internal.h"
 
-#define VERDICT_MISMATCH 4u /* the peer's layout tag differed from ours */
 #define LINGER_RESENDS 16u  /* after deciding, wait at most this many first-resend intervals for acknowledgements */
 
 static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
@@ -85,7 +84,7 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
 void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
 {
     struct udt_verdict mine = {
-        .cause = c->mismatched_rank >= 0 ? CAUSE_WORD(CAUSE_LAYOUT, c->mismatched_rank) : CAUSE_NONE,
+        .cause = CAUSE_NONE, /* layouts are compared from the tags every verdict carries */
         .agree_value = c->args.agree_value,
         .reduce_weighted = udt_reduce_weighted(c),
         .fresh_elements = udt_fresh_elements(c),
@@ -111,9 +110,8 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         int current = h->sequence == c->sequence;
         if (!(slot->flags & VERDICT_GOT)) {
             memcpy(slot->payload, payload, UDT_VERDICT_BYTES);
+            slot->layout_tag = h->layout_tag;
             slot->flags |= VERDICT_GOT;
-            if (current && h->layout_tag != c->layout_tag)
-                slot->flags |= VERDICT_MISMATCH;
             if (current) {
                 c->verdicts_got++;
                 mark_finished(comm, peer, now);
@@ -137,6 +135,41 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
     c->stats->dropped_stale++;
 }
 
+static uint32_t tag_of(struct call *c, struct udt_comm *comm, uint32_t rank)
+{
+    return rank == c->rank ? c->layout_tag : comm->peers[rank].slot[c->sequence & 1].layout_tag;
+}
+
+/* Ranks that called with another layout, judged the same way everywhere from
+ * the tags all verdicts carry: the tag most ranks hold (ties: the lowest
+ * rank's) is right; the lowest rank holding another is blamed. Returns a
+ * cause word, CAUSE_NONE when all tags agree. */
+static uint32_t layout_cause(struct call *c, struct udt_comm *comm)
+{
+    int all_equal = 1;
+    for (uint32_t p = 0; p < c->n && all_equal; p++)
+        if (p != c->rank && (comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
+            all_equal = tag_of(c, comm, p) == c->layout_tag;
+    if (all_equal)
+        return CAUSE_NONE;
+    uint32_t best_tag = 0, best_votes = 0;
+    for (uint32_t p = 0; p < c->n; p++) { /* quadratic, but only when a caller erred */
+        if (p != c->rank && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
+            continue;
+        uint32_t votes = 0;
+        for (uint32_t q = 0; q < c->n; q++)
+            votes += (q == c->rank || (comm->peers[q].slot[c->sequence & 1].flags & VERDICT_GOT)) && tag_of(c, comm, q) == tag_of(c, comm, p);
+        if (votes > best_votes) {
+            best_votes = votes;
+            best_tag = tag_of(c, comm, p);
+        }
+    }
+    for (uint32_t p = 0; p < c->n; p++)
+        if ((p == c->rank || (comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT)) && tag_of(c, comm, p) != best_tag)
+            return CAUSE_WORD(CAUSE_LAYOUT, p);
+    return CAUSE_NONE;
+}
+
 static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
 {
     struct udt_verdict combined, other;
@@ -152,14 +185,14 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
             continue;
         }
         udt_verdict_decode(slot->payload, &other);
-        if (slot->flags & VERDICT_MISMATCH && CAUSE_WORD(CAUSE_LAYOUT, p) > other.cause)
-            other.cause = CAUSE_WORD(CAUSE_LAYOUT, p);
         combined.cause = other.cause > combined.cause ? other.cause : combined.cause;
         combined.agree_value = other.agree_value > combined.agree_value ? other.agree_value : combined.agree_value;
         combined.loss_budget = other.loss_budget < combined.loss_budget ? other.loss_budget : combined.loss_budget;
         combined.reduce_weighted += other.reduce_weighted;
         fresh_least = other.fresh_elements < fresh_least ? other.fresh_elements : fresh_least;
     }
+    uint32_t mismatch = layout_cause(c, comm);
+    combined.cause = mismatch > combined.cause ? mismatch : combined.cause;
     struct udt_collective_stats *st = c->stats;
     double count = (double)c->args.count;
     int reduces = c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER;

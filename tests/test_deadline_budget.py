@@ -68,10 +68,14 @@ def test_a_late_rank_is_not_a_silent_rank():
 
 
 def test_ranks_calling_with_different_sizes_get_layout_mismatch():
+    """Every rank calls with another size: all of them raise LayoutMismatch
+    naming the same rank (one verdict), and keep their tensors."""
     cluster = get_cluster(3, chunk_bytes=256)
-    for rank, (error, unchanged) in enumerate(cluster.run(tasks.mismatched_allreduce, 1.0)):
+    outcomes = cluster.run(tasks.mismatched_allreduce, 1.0)
+    for error, unchanged in outcomes:
         assert isinstance(error, ud_transport.LayoutMismatch), repr(error)
-        assert error.rank == (rank - 1) % 3 and unchanged
+        assert unchanged
+    assert len({error.rank for error, _ in outcomes}) == 1 and 0 <= outcomes[0][0].rank < 3
     # the communicator is still usable afterwards
     for exact, delivered in cluster.run(tasks.late_allreduce, 0, 0.0, 5.0):
         assert exact and delivered == 1.0
