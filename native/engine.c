@@ -22,7 +22,11 @@
 #include "elementwise.h"
 #include "engine_internal.h"
 
-#define CREDIT_LOOKAHEAD_STEPS 8
+/* credits are handed out at most this many receive steps ahead (the window
+ * usually runs out first) */
+#define CREDIT_LOOKAHEAD_STEPS 64
+/* a sender looks at most this many unfinished steps ahead of its lowest */
+#define SEND_LOOKAHEAD_STEPS 64
 
 static uint64_t monotonic_ns(void)
 {
@@ -110,7 +114,7 @@ static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t pe
     int rc = udt_transport_send(comm->transport, items, n);
     if (rc > 0)
         c->stats->datagrams_sent += (uint64_t)rc;
-    return rc < 0 ? rc : 0;
+    return rc; /* how many copies were queued (the socket may be full), or -errno */
 }
 
 /* Credits: walk the open receive steps in order and hand out the window,
@@ -120,6 +124,10 @@ static int grant_credits(struct call *c, uint64_t now, int force)
 {
     struct udt_comm *comm = comm_of(c);
     uint64_t refresh = us(comm->options.credit_refresh_us);
+    if (!force && !c->credits_dirty && now < c->credits_walked_ns + refresh)
+        return 0; /* nothing moved and no refresh is due */
+    c->credits_walked_ns = now;
+    c->credits_dirty = 0;
     int32_t touched[CREDIT_LOOKAHEAD_STEPS];
     int touched_count = 0;
     uint32_t budget = c->window_chunks;
@@ -151,17 +159,20 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         int grew = grant >= peer->granted + c->window_chunks / 4 || (grant > peer->granted && peer->granted == 0);
         if (!force && !grew && now - peer->granted_at_ns < refresh)
             continue;
-        peer->granted = grant;
-        peer->granted_at_ns = now;
         int rc = send_control(c, UDT_KIND_CREDIT, 0, (uint32_t)touched[i], grant, 1);
         if (rc < 0)
             return rc;
+        if (rc == 0) { /* the socket is full: try again on the next pass */
+            c->credits_dirty = 1;
+            continue;
+        }
+        peer->granted = grant;
+        peer->granted_at_ns = now;
     }
-    c->credits_dirty = 0;
     return 0;
 }
 
-/* Chunks of the current send step that will actually be sent. */
+/* Chunks of a send step that will actually be sent. */
 static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
 {
     uint64_t base = c->chunk_base[step->send_block];
@@ -171,101 +182,137 @@ static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
     return sending;
 }
 
-/* Send as much of the schedule as dependencies, credit and the socket allow. */
+struct send_batch {
+    struct udt_send_item items[SEND_BATCH];
+    uint32_t step[SEND_BATCH], chunk[SEND_BATCH];
+    int n;
+};
+
+/* Hand the batch to the transport. Items it did not take are rolled back
+ * into their steps, to go out on a later pass. Returns how many it took. */
+static int flush(struct call *c, struct send_batch *b)
+{
+    if (b->n == 0)
+        return 0;
+    int sent = udt_transport_send(comm_of(c)->transport, b->items, b->n);
+    if (sent < 0)
+        return sent;
+    c->stats->datagrams_sent += (uint64_t)sent;
+    for (int i = b->n - 1; i >= sent; i--)
+        c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in chunk order */
+    int taken = sent;
+    b->n = 0;
+    return taken;
+}
+
+/* Put chunks of step g into the batch until it is full or the receiver's
+ * credit runs out. Returns 1 when every chunk of the step is handed out. */
+static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
+{
+    struct udt_comm *comm = comm_of(c);
+    const struct udt_step *step = &c->step[g];
+    struct step_state *state = &c->state[g];
+    struct peer_state *peer = &comm->peers[step->send_peer];
+    uint32_t block = step->send_block, chunk_count = chunks_in_block(c, block);
+    uint64_t base = c->chunk_base[block];
+    int identity = c->accum_bytes == c->wire_bytes;
+    if (!state->send_counted) {
+        state->send_announced = count_to_send(c, step);
+        state->send_counted = 1;
+    }
+    uint32_t chunk = state->sent_chunk;
+    for (; chunk < chunk_count && b->n < SEND_BATCH; chunk++) {
+        if (g * c->max_chunks + chunk >= peer->credit_limit) {
+            c->stats->credit_stalls++;
+            break;
+        }
+        uint64_t id = base + chunk;
+        uint16_t contributions = step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
+        if (contributions == 0)
+            continue; /* gather: we never got this chunk; the receiver keeps its own */
+        struct udt_wire_header h;
+        udt_fill_header(c, &h, UDT_KIND_DATA, g);
+        uint64_t elements = chunk_length(c, block, chunk), first = chunk_first_element(c, block, chunk);
+        h.chunk_index = chunk;
+        h.contributions = contributions;
+        h.credit = state->send_announced;
+        h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
+        udt_wire_encode(&h, comm->headers[b->n]);
+        const void *payload;
+        if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
+            payload = input_at(c, first); /* our own input, untouched: straight from the caller's memory */
+        } else if (identity) {
+            payload = c->accum + first * c->accum_bytes;
+        } else {
+            uint8_t *slot = comm->staging + (size_t)b->n * comm->options.chunk_bytes;
+            udt_pack(c->args.dtype, slot, c->accum + first * c->accum_bytes, elements);
+            payload = slot;
+        }
+        b->items[b->n] = (struct udt_send_item){.peer = (uint32_t)step->send_peer, .header = comm->headers[b->n],
+                                                .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
+                                                .payload_bytes = h.payload_bytes};
+        b->step[b->n] = g;
+        b->chunk[b->n++] = chunk;
+    }
+    state->sent_chunk = chunk;
+    return chunk >= chunk_count;
+}
+
+static void mark_sent(struct call *c, uint32_t g)
+{
+    c->state[g].send_done = 1;
+    while (c->send_step < c->schedule.steps && c->state[c->send_step].send_done)
+        c->send_step++;
+}
+
+/* Send what dependencies, credit and the socket allow. Steps go out in
+ * order, except that a step stalled on its receiver's credit does not hold
+ * up later steps to other receivers (to one receiver, steps stay in order:
+ * it reads a later step from us as the end of the earlier ones). */
 static int send_some(struct call *c)
 {
     struct udt_comm *comm = comm_of(c);
-    struct udt_send_item items[SEND_BATCH];
-    uint32_t item_step[SEND_BATCH], item_chunk[SEND_BATCH];
-    int n = 0, progressed = 0;
-    int identity = c->accum_bytes == c->wire_bytes;
-    while (c->send_step < c->schedule.steps && n < SEND_BATCH) {
-        uint32_t g = c->send_step;
+    struct send_batch b;
+    b.n = 0;
+    int progressed = 0, rc;
+    uint32_t looked = 0;
+    comm->send_epoch++;
+    for (uint32_t g = c->send_step; g < c->schedule.steps && b.n < SEND_BATCH && looked < SEND_LOOKAHEAD_STEPS; g++) {
         const struct udt_step *step = &c->step[g];
+        struct step_state *state = &c->state[g];
+        if (state->send_done)
+            continue;
         if (step->send_peer == UDT_NO_PEER || comm->peers[step->send_peer].finished) {
-            c->send_step++; /* nothing to send, or the receiver is done with this call */
-            c->send_chunk = c->send_announced = 0;
+            mark_sent(c, g); /* nothing to send, or the receiver is done with this call */
             progressed = 1;
             continue;
         }
-        if (step->send_after != UDT_NO_STEP && !c->state[step->send_after].closed)
-            break; /* what we forward is still being received */
+        looked++;
         struct peer_state *peer = &comm->peers[step->send_peer];
-        uint32_t block = step->send_block, chunk_count = chunks_in_block(c, block);
-        uint64_t base = c->chunk_base[block];
-        if (c->send_chunk == 0 && c->send_announced == 0)
-            c->send_announced = count_to_send(c, step);
-        uint32_t chunk = c->send_chunk;
-        int stalled = 0;
-        for (; chunk < chunk_count && n < SEND_BATCH; chunk++) {
-            uint32_t position = g * c->max_chunks + chunk;
-            if (position >= peer->credit_limit) {
-                c->stats->credit_stalls++;
-                stalled = 1;
-                break;
-            }
-            uint64_t id = base + chunk;
-            uint16_t contributions = step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
-            if (contributions == 0)
-                continue; /* gather: we never got this chunk; the receiver keeps its own */
-            struct udt_wire_header h;
-            udt_fill_header(c, &h, UDT_KIND_DATA, g);
-            uint64_t elements = chunk_length(c, block, chunk), first = chunk_first_element(c, block, chunk);
-            h.chunk_index = chunk;
-            h.contributions = contributions;
-            h.credit = c->send_announced;
-            h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
-            udt_wire_encode(&h, comm->headers[n]);
-            const void *payload;
-            if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
-                payload = input_at(c, first); /* our own input, untouched: straight from the caller's memory */
-            } else if (identity) {
-                payload = c->accum + first * c->accum_bytes;
-            } else {
-                uint8_t *slot = comm->staging + (size_t)n * comm->options.chunk_bytes;
-                udt_pack(c->args.dtype, slot, c->accum + first * c->accum_bytes, elements);
-                payload = slot;
-            }
-            items[n] = (struct udt_send_item){.peer = (uint32_t)step->send_peer, .header = comm->headers[n],
-                                              .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload, .payload_bytes = h.payload_bytes};
-            item_step[n] = g;
-            item_chunk[n++] = chunk;
-        }
-        c->send_chunk = chunk;
-        if (stalled || chunk < chunk_count)
-            break;
-        /* the step is fully handed out: flush, then mark its end */
-        if (n > 0) {
-            int sent = udt_transport_send(comm->transport, items, n);
-            if (sent < 0)
-                return sent;
-            c->stats->datagrams_sent += (uint64_t)sent;
-            if (sent < n) {
-                c->send_step = item_step[sent];
-                c->send_chunk = item_chunk[sent];
-                return sent > 0;
-            }
-            n = 0;
-        }
-        int rc = send_control(c, UDT_KIND_END, g, (uint32_t)step->send_peer, 0, (int)comm->options.end_repeats);
+        if (peer->send_blocked_epoch == comm->send_epoch)
+            continue; /* an earlier step to the same receiver is not done */
+        peer->send_blocked_epoch = comm->send_epoch;
+        if (step->send_after != UDT_NO_STEP && !c->state[step->send_after].closed)
+            break; /* what we would send is still being received; later steps depend on it too */
+        if (!fill_from_step(c, g, &b))
+            continue; /* stalled on credit (or the batch is full) */
+        /* every chunk is handed out: flush, then mark the step's end */
+        if ((rc = flush(c, &b)) < 0)
+            return rc;
+        progressed |= rc > 0;
+        if (state->sent_chunk < chunks_in_block(c, step->send_block))
+            break; /* the socket is full */
+        rc = send_control(c, UDT_KIND_END, g, (uint32_t)step->send_peer, 0, (int)comm->options.end_repeats);
         if (rc < 0)
             return rc;
-        c->send_step++;
-        c->send_chunk = c->send_announced = 0;
+        if (rc == 0)
+            break; /* the socket is full: the END goes out on the next pass */
+        mark_sent(c, g);
         progressed = 1;
     }
-    if (n > 0) {
-        int sent = udt_transport_send(comm->transport, items, n);
-        if (sent < 0)
-            return sent;
-        c->stats->datagrams_sent += (uint64_t)sent;
-        if (sent < n) {
-            c->send_step = item_step[sent];
-            c->send_chunk = item_chunk[sent];
-        }
-        progressed |= sent > 0;
-    }
-    return progressed;
+    if ((rc = flush(c, &b)) < 0)
+        return rc;
+    return progressed | (rc > 0);
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -310,7 +357,7 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
         return DROP_STALE;
     if (c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] & (1u << (h->chunk_index % 8)))
         return DROP_DUPLICATE;
-    if (c->send_step < step->recv_needs_sent)
+    if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;
 }

@@ -43,6 +43,7 @@ struct peer_state {
     uint8_t finished;           /* its verdict came: it sends us nothing more */
     uint64_t finished_at_ns;
     uint32_t verdict_attempts;
+    uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
     /* kept between calls */
     uint32_t early_credit_sequence, early_credit;
@@ -56,6 +57,10 @@ struct step_state {
     uint32_t seen_end;   /* one past the highest chunk index received */
     uint32_t receives_after; /* receiving steps after this one */
     uint8_t closed;
+    /* sending side of the step */
+    uint8_t send_done, send_counted;
+    uint32_t sent_chunk;     /* next chunk to hand out */
+    uint32_t send_announced; /* chunks we send in it */
     uint64_t end_seen_ns;
     uint64_t last_arrival_ns;
 };
@@ -81,9 +86,10 @@ struct call {
     uint8_t *accum;
     uint32_t recv_step;          /* lowest receive step not yet closed */
     uint64_t step_deadline_ns;
-    uint32_t send_step, send_chunk, send_announced;
+    uint32_t send_step;          /* lowest step whose sending is not done */
     uint32_t window_chunks;
     int credits_dirty;           /* something changed that may move a credit */
+    uint64_t credits_walked_ns;
     int32_t mismatched_rank;
     uint64_t start_ns, deadline_ns, hard_deadline_ns;
     uint64_t drops_before;
@@ -100,6 +106,7 @@ struct udt_comm {
     uint32_t rank, world_size;
     uint64_t session_id;
     uint32_t sequence; /* of the last call started */
+    uint32_t send_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;
     /* our own verdict of the previous call, to answer peers still in it */

@@ -3,6 +3,7 @@ ranks, same sizes, same run. Prints an nccl-tests-style table.
 
     python -m ud_transport bench --world-size 2 --sizes 1M,64M --iterations 50
     python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
+    python -m ud_transport bench --world-size 4 --algorithm ring,direct   # both schedules beside Gloo
 """
 import argparse
 import dataclasses
@@ -79,7 +80,7 @@ def run_rank(comm, config):
 
     if config["gloo"] and not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.PrefixStore("bench-gloo", comm.store), rank=comm.rank, world_size=comm.world_size)
-    backends = ["ud_transport"] + (["gloo"] if config["gloo"] else [])
+    backends = [f"ud-{name}" for name in config["algorithms"]] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
     bar = _progress(total, comm.rank == 0 and config["progress"])
     results = []
@@ -108,7 +109,7 @@ def run_rank(comm, config):
                 else:
                     try:
                         stats = comm.allreduce(work, op=config["op"], loss_budget=config["loss_budget"],
-                                               deadline=config["deadline"])
+                                               deadline=config["deadline"], algorithm=backend.removeprefix("ud-"))
                         fraction = stats.delivered_fraction
                         if iteration >= config["warmup"]:
                             engine.append(dataclasses.asdict(stats))
@@ -188,6 +189,8 @@ def build_parser():
     parser.add_argument("--loss-budget", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=None, help="seconds; default: ud_transport's adaptive deadline")
     parser.add_argument("--chunk-bytes", type=int, default=0)
+    parser.add_argument("--algorithm", default="auto",
+                        help="comma-separated ud_transport schedules to run side by side: auto, ring, direct")
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
@@ -203,7 +206,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     config = dict(sizes=[parse_size(s) for s in args.sizes.split(",")], dtype=args.dtype, op=args.op,
                   iterations=args.iterations, warmup=args.warmup, loss_budget=args.loss_budget, deadline=args.deadline,
-                  gloo=args.gloo, seed=args.seed, progress=args.progress)
+                  gloo=args.gloo, seed=args.seed, progress=args.progress,
+                  algorithms=[name.strip() for name in args.algorithm.split(",")])
     inject = None
     if args.loss_model == "gilbert_elliott":
         inject = loss_models.from_string("gilbert_elliott:" + args.burst, seed=args.seed)

@@ -22,7 +22,7 @@ ALGORITHMS = ("auto", "ring", "direct")
 @dataclass(frozen=True)
 class Options:
     chunk_bytes: int = 0  # payload per datagram; 0 = the largest the path MTU allows
-    window_bytes: int = 8 * MIB  # data an upstream may have in flight to us
+    window_bytes: int = 16 * MIB  # data all senders together may have in flight to us (direct needs ~2 steps of it)
     socket_buffer_bytes: int = 64 * MIB
     end_repeats: int = 3  # copies of each end-of-step marker (they can be lost too)
     credit_refresh_us: int = 2000
