@@ -797,6 +797,8 @@ static int prepare(struct udt_comm *comm, struct call *c)
         for (uint64_t id = 0; id < total_chunks; id++)
             c->final_count[id] = 1;
 
+    if (c->schedule.finalize_after == UDT_NO_STEP)
+        finalize_owned_block(c); /* a world of one: our block is final as it is */
     uint32_t window = comm->options.window_bytes / comm->options.chunk_bytes;
     c->window_chunks = window < 16 ? 16 : window;
     c->stats->steps = steps;
@@ -870,6 +872,8 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         return UDT_OK;
     }
     udt_verdict_begin_peers(c, comm, now);
+    if (c->args.count == 0) /* no data to move; the verdict round still checks everyone called alike */
+        c->recv_step = c->send_step = c->schedule.steps;
     set_step_deadline(c, now);
     rc = grant_credits(c, now, 1);
     if (rc < 0) {
