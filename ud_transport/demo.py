@@ -11,18 +11,22 @@ import sys
 
 import numpy as np
 
+from .errors import LossBudgetExceeded
 from .local_cluster import LocalCluster
 
 
-def demo_rank(comm, count, calls, loss_budget):
+def demo_rank(comm, count, calls, loss_budget, algorithm):
     # Like gradients: a signal every rank shares plus noise of its own.
     shared, own = np.random.default_rng(0), np.random.default_rng(comm.rank + 1)
     report = []
     for _ in range(calls):
         values = (shared.standard_normal(count) + 0.3 * own.standard_normal(count)).astype(np.float32)
         original = values.copy()
-        stats = comm.allreduce(values, op="mean", loss_budget=loss_budget)
-        report.append((original, values, stats))
+        try:
+            stats, succeeded = comm.allreduce(values, op="mean", loss_budget=loss_budget, algorithm=algorithm), True
+        except LossBudgetExceeded as error:  # every rank raises it alike; the tensor keeps its values
+            stats, succeeded = error.stats, False
+        report.append((original, values, stats, succeeded))
     return report
 
 
@@ -33,7 +37,8 @@ def main(argv=None):
     parser.add_argument("--count", type=int, default=1 << 20, help="float32 elements per tensor")
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--loss", type=float, default=0.1, help="injected datagram loss rate")
-    parser.add_argument("--loss-budget", type=float, default=0.5)
+    parser.add_argument("--loss-budget", type=float, default=0.1)
+    parser.add_argument("--algorithm", default="auto", choices=["auto", "ring", "direct"])
     parser.add_argument("--chunk-bytes", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
@@ -45,17 +50,20 @@ def main(argv=None):
           f"{args.loss:.0%} injected datagram loss, chunks of {args.chunk_bytes} bytes")
     with LocalCluster(args.world_size, inject=inject, chunk_bytes=args.chunk_bytes) as cluster:
         transport = cluster.run(lambda_transport)[0]
-        per_rank = cluster.run(demo_rank, args.count, args.calls, args.loss_budget)
-    print(f"transport: {transport}")
-    print(f"{'call':>4} {'rank':>4} {'delivered':>9} {'lost/total chunks':>18} {'ms':>7} {'rms error / rms of exact':>24}")
+        per_rank = cluster.run(demo_rank, args.count, args.calls, args.loss_budget, args.algorithm)
+    print(f"transport: {transport}, algorithm: {per_rank[0][0][2].algorithm}, loss_budget {args.loss_budget}")
+    print(f"{'call':>4} {'rank':>4} {'reduce':>7} {'gather':>7} {'delivered':>9} {'lost/total chunks':>18} {'ms':>7} "
+          f"{'rms error / rms of exact':>24} outcome")
     for call in range(args.calls):
         exact = np.mean([per_rank[r][call][0].astype(np.float64) for r in range(args.world_size)], axis=0)
         spread = np.sqrt(np.mean(exact ** 2))
         for rank in range(args.world_size):
-            _, result, stats = per_rank[rank][call]
+            _, result, stats, succeeded = per_rank[rank][call]
             rms = np.sqrt(np.mean((result - exact) ** 2))
-            print(f"{call:>4} {rank:>4} {stats.delivered_fraction:>9.2%} {stats.chunks_lost:>8}/{stats.chunks_total:<9} "
-                  f"{stats.elapsed_s * 1e3:>7.1f} {rms / spread:>24.4f}")
+            print(f"{call:>4} {rank:>4} {stats.reduce_fraction:>7.2%} {stats.gather_fraction:>7.2%} "
+                  f"{stats.delivered_fraction:>9.2%} {stats.chunks_lost:>8}/{stats.chunks_total:<9} "
+                  f"{stats.elapsed_s * 1e3:>7.1f} {rms / spread:>24.4f} {'ok' if succeeded else 'over budget, tensor kept'}")
+    print("reduce: contributions that reached their owners; gather: fresh share of the worst rank's result (both agreed)")
     return 0
 
 
