@@ -415,6 +415,7 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
             p->early_credit = h->credit;
         p->early_credit_sequence = h->sequence;
         p->heard = 1;
+        udt_verdict_peer_moved_on(c, comm, peer);
     }
 }
 

@@ -8,15 +8,16 @@
  * about data): each message carries HAVE_YOURS when the sender already holds
  * the receiver's verdict, which is the acknowledgement; an unsolicited
  * message is answered once with a REPLY, which is never answered. A rank
- * decides once it holds every verdict, then lingers briefly until everyone
- * acknowledged its own; peers that are one call ahead or behind are served
- * from the kept verdict of the previous call. */
+ * decides once it holds every verdict, and returns once everyone
+ * acknowledged its own (or at the hard deadline): a peer that lacks our
+ * verdict is still in the call and would otherwise time out, blaming us
+ * while we succeeded. Peers one call ahead are answered from the kept
+ * verdict of the previous call. */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine_internal.h"
 
-#define LINGER_RESENDS 16u  /* after deciding, wait at most this many first-resend intervals for acknowledgements */
 
 static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
 {
@@ -27,6 +28,9 @@ static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
                         const uint8_t *payload, uint8_t flags)
 {
+    /* an answer may be the last thing a peer needs from us before we leave:
+     * send it as many times as an END marker */
+    int copies = flags & UDT_AGREE_REPLY ? (int)comm->options.end_repeats : 1;
     struct udt_wire_header h;
     udt_fill_header(c, &h, UDT_KIND_AGREE, 0);
     h.sequence = sequence;
@@ -35,12 +39,16 @@ static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, ui
     h.payload_bytes = UDT_VERDICT_BYTES;
     uint8_t *slot = comm->headers[SEND_BATCH + 1];
     udt_wire_encode(&h, slot);
-    struct udt_send_item item = {.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
-                                 .payload_bytes = UDT_VERDICT_BYTES};
-    int rc = udt_transport_send(comm->transport, &item, 1);
+    struct udt_send_item items[8];
+    if (copies > 8)
+        copies = 8;
+    for (int i = 0; i < copies; i++)
+        items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
+                                          .payload_bytes = UDT_VERDICT_BYTES};
+    int rc = udt_transport_send(comm->transport, items, copies);
     if (rc > 0) {
-        c->stats->datagrams_sent++;
-        c->stats->agree_messages_sent++;
+        c->stats->datagrams_sent += (uint64_t)rc;
+        c->stats->agree_messages_sent += (uint64_t)rc;
     }
     return rc < 0 ? rc : 0;
 }
@@ -62,6 +70,18 @@ static void mark_finished(struct udt_comm *comm, uint32_t peer, uint64_t now)
     if (!p->finished) {
         p->finished = 1; /* its data phase is over: it sends us nothing more */
         p->finished_at_ns = now;
+    }
+}
+
+/* A peer that sends us anything of the next call has decided this one, so
+ * it holds our verdict: that is its acknowledgement, even if the answer
+ * saying so was lost. */
+void udt_verdict_peer_moved_on(struct call *c, struct udt_comm *comm, uint32_t peer)
+{
+    struct verdict_slot *slot = slot_for(comm, peer, c->sequence);
+    if ((slot->flags & VERDICT_GOT) && !(slot->flags & VERDICT_ACKED)) {
+        slot->flags |= VERDICT_ACKED;
+        c->verdicts_acked++;
     }
 }
 
@@ -121,6 +141,8 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->flags |= VERDICT_ACKED;
             c->verdicts_acked += current;
         }
+        if (!current)
+            udt_verdict_peer_moved_on(c, comm, peer);
         if (current && !is_reply && c->phase >= PHASE_VERDICT)
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
         return;
@@ -243,13 +265,12 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     uint32_t others = c->n - 1;
     if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns))
         progressed |= decide(c, comm, now);
-    uint64_t linger_end = c->decided_ns + (uint64_t)comm->options.agree_resend_us * 1000ull * LINGER_RESENDS;
-    if (c->decided && (c->verdicts_acked >= others || now >= linger_end || now >= c->hard_deadline_ns)) {
+    if (c->decided && (c->verdicts_acked >= others || now >= c->hard_deadline_ns)) {
         c->phase = PHASE_DONE;
         c->stats->agree_s = (double)(now - c->verdict_started_ns) * 1e-9;
         return 1;
     }
-    uint64_t next = c->decided ? linger_end : c->hard_deadline_ns;
+    uint64_t next = c->hard_deadline_ns;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (p == c->rank)

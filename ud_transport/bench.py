@@ -95,7 +95,7 @@ def run_rank(comm, config):
             work = np.empty_like(pristine)
             work[:] = 0  # touch it: its pages belong to the caller, not to the backend
             tensor = torch.from_numpy(work)
-            times, delivered, errors, rms_errors, failures, engine = [], [], [], [], 0, []
+            times, delivered, errors, rms_errors, failures, engine, reasons = [], [], [], [], 0, [], []
             extra_kib = 0
             for iteration in range(config["warmup"] + config["iterations"]):
                 np.copyto(work, pristine)
@@ -113,8 +113,9 @@ def run_rank(comm, config):
                         fraction = stats.delivered_fraction
                         if iteration >= config["warmup"]:
                             engine.append(dataclasses.asdict(stats))
-                    except Exception:  # a failed call counts, with its time, and keeps the input
+                    except Exception as error:  # a failed call counts, with its time, and keeps the input
                         fraction, failures = 0.0, failures + 1
+                        reasons.append(f"iteration {iteration}: {type(error).__name__}: {error}")
                 elapsed = time.perf_counter() - start
                 if peak_known:  # what the call itself added to the resident size at its peak
                     extra_kib = max(extra_kib, _memory_kib("VmHWM") - resident_kib)
@@ -132,7 +133,7 @@ def run_rank(comm, config):
                     bar.update(1)
             results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
                                 delivered=delivered, max_relative_error=max(errors), rms_relative_error=max(rms_errors),
-                                failures=failures, peak_extra_kib=extra_kib, engine_stats=engine))
+                                failures=failures, failure_reasons=reasons, peak_extra_kib=extra_kib, engine_stats=engine))
             del pristine, exact, work, tensor
     if bar:
         bar.close()
@@ -230,6 +231,10 @@ def main(argv=None):
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
+    for rank, result in enumerate(per_rank):
+        for entry in result["results"]:
+            for reason in entry["failure_reasons"]:
+                print(f"# failed: {entry['backend']} {human(entry['bytes'])} rank {rank} {reason}")
     print("# +peak MiB: the most one call raised a rank's resident memory above what it was just before the call "
           "(the first, warm-up call includes ud_transport's scratch, which it then keeps)")
     if args.json:
