@@ -97,6 +97,8 @@ struct call {
     uint8_t my_verdict[UDT_VERDICT_BYTES];
     uint32_t verdicts_got, verdicts_acked;
     uint64_t verdict_started_ns, decided_ns;
+    uint64_t answered_ns;        /* when we last answered a peer's verdict message */
+    uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
     int decided;
     uint32_t status;             /* decided status */
 };

@@ -19,6 +19,8 @@
 #include "engine_internal.h"
 
 
+#define ANSWER_WAIT_INTERVALS 4u /* after our last answer, wait this many first-resend intervals for a repeated request */
+
 static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
 {
     uint32_t shift = attempts < 4 ? attempts : 4;
@@ -128,7 +130,8 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
     if (h->sequence == c->sequence || h->sequence == c->sequence + 1) {
         struct verdict_slot *slot = slot_for(comm, peer, h->sequence);
         int current = h->sequence == c->sequence;
-        if (!(slot->flags & VERDICT_GOT)) {
+        int news = !(slot->flags & VERDICT_GOT);
+        if (news) {
             memcpy(slot->payload, payload, UDT_VERDICT_BYTES);
             slot->layout_tag = h->layout_tag;
             slot->flags |= VERDICT_GOT;
@@ -143,8 +146,13 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         }
         if (!current)
             udt_verdict_peer_moved_on(c, comm, peer);
-        if (current && !is_reply && c->phase >= PHASE_VERDICT)
+        /* answer a request, and acknowledge a verdict we did not have (even
+         * one that came as an answer: its sender waits to hear we have it);
+         * an answer that only repeats what we know is not answered */
+        if (current && (!is_reply || news) && c->phase >= PHASE_VERDICT) {
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
+            c->answered_ns = now;
+        }
         return;
     }
     if (h->sequence == comm->last_verdict_sequence && comm->last_verdict_sequence != 0) {
@@ -263,14 +271,29 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
 {
     int progressed = 0;
     uint32_t others = c->n - 1;
-    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns))
+    uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
+    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns)) {
         progressed |= decide(c, comm, now);
-    if (c->decided && (c->verdicts_acked >= others || now >= c->hard_deadline_ns)) {
+        /* from now on only acknowledgements are missing: ask for them soon */
+        for (uint32_t p = 0; p < c->n; p++) {
+            if (comm->peers[p].verdict_attempts > 1)
+                comm->peers[p].verdict_attempts = 1;
+            if (comm->peers[p].verdict_resend_ns > now + base)
+                comm->peers[p].verdict_resend_ns = now + base;
+        }
+    }
+    /* Done once everyone holds our verdict. If we have just answered a peer
+     * and this call has seen loss, stay a few resend intervals to answer
+     * again should that answer be lost: the peer cannot return before it
+     * hears from us. (On a clean link the answer's copies arrive.) */
+    int lossy = c->stats->chunks_lost > 0 || c->verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
+    uint64_t answer_wait_end = c->answered_ns && lossy ? c->answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
+    if (c->decided && ((c->verdicts_acked >= others && now >= answer_wait_end) || now >= c->hard_deadline_ns)) {
         c->phase = PHASE_DONE;
         c->stats->agree_s = (double)(now - c->verdict_started_ns) * 1e-9;
         return 1;
     }
-    uint64_t next = c->hard_deadline_ns;
+    uint64_t next = c->verdicts_acked >= others && answer_wait_end < c->hard_deadline_ns ? answer_wait_end : c->hard_deadline_ns;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (p == c->rank)
@@ -283,6 +306,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, flags);
             if (rc < 0)
                 return rc;
+            c->verdict_resends += peer->verdict_attempts > 0;
             peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++);
             progressed = 1;
         }
