@@ -30,7 +30,7 @@ def allreduce_torch(comm, count, dtype_name):
     return tensor.double().numpy(), stats
 
 
-def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh_seed=None):
+def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh_seed=None, algorithm=None):
     """Run `trials` allreduces. With fresh_seed, inputs are drawn anew each trial
     (exchangeable across ranks, like gradients); otherwise they are fixed."""
     results, inputs, fractions = [], [], []
@@ -40,7 +40,7 @@ def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh
         else:
             values = np.random.default_rng([fresh_seed, trial, comm.rank]).normal(1.0, 1.0, inputs_per_rank).astype(np.float64)
         inputs.append(values.copy())
-        stats = comm.allreduce(values, loss_budget=loss_budget, deadline=10.0, estimator=estimator)
+        stats = comm.allreduce(values, loss_budget=loss_budget, deadline=10.0, estimator=estimator, algorithm=algorithm)
         results.append(values)
         fractions.append(stats.delivered_fraction)
     return np.array(results), np.array(inputs), np.array(fractions)

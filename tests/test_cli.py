@@ -21,7 +21,7 @@ def test_bench_prints_both_backends_and_writes_json(tmp_path):
     result = run("bench", "--sizes", "4K,64K", "--iterations", "3", "--warmup", "1", "--no-progress", "--json", str(out))
     assert result.returncode == 0, result.stderr
     table = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")][1:]
-    assert {row[3] for row in table} == {"ud_transport", "gloo"} and len(table) == 4
+    assert {row[3] for row in table} == {"ud-auto", "gloo"} and len(table) == 4
     rows = json.loads(out.read_text())["rows"]
     assert all(row["delivered_percent"] == 100.0 and row["max_relative_error"] < 1e-6 for row in rows)
 

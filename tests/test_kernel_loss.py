@@ -6,7 +6,7 @@ import pytest
 
 import tasks
 from conftest import skip_or_fail
-from test_loss_unbiased import COUNT, WORLD, expected_delivered_fraction, fixed_inputs, z_score
+from support import DELIVERED_FRACTION, WORLD, fixed_inputs, z_score
 from ud_transport.kernel_loss import LossyNamespace, unavailable_reason
 from ud_transport.local_cluster import LocalCluster
 
@@ -32,17 +32,18 @@ def test_kernel_loss_is_real_and_calls_finish_within_deadline(lossy_cluster):
     assert namespace.dropped_packets("udp") > 0, namespace.counters()  # the kernel really dropped packets
 
 
-def test_unbiased_under_kernel_loss(lossy_cluster):
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
+def test_unbiased_under_kernel_loss(lossy_cluster, algorithm):
     cluster, _ = lossy_cluster
     inputs = fixed_inputs()
     truth = sum(inputs)
-    runs = cluster.run(tasks.repeated_trials, inputs, 120, 1.0, "unbiased")
+    runs = cluster.run(tasks.repeated_trials, inputs, 120, 1.0, "unbiased", None, algorithm)
     results = np.array([r[0] for r in runs])
     relative_error = ((results.mean(axis=0) - truth) / truth).mean(axis=1)
     assert abs(z_score(relative_error)) < 4.0, relative_error.mean()
     delivered = np.mean([r[2] for r in runs])
     # the kernel drops credits and end markers too, and at this rate nearly every step sees loss
-    assert abs(delivered - expected_delivered_fraction(WORLD, LOSS)) < 0.02, delivered
+    assert abs(delivered - DELIVERED_FRACTION[algorithm](WORLD, LOSS)) < 0.02, delivered
 
 
 def test_exempt_port_is_spared_and_the_rest_is_dropped():
