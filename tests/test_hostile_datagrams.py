@@ -12,6 +12,7 @@ import pytest
 import tasks
 import wire_format
 from conftest import get_cluster, skip_or_fail
+from ud_transport import _native
 
 WORLD, COUNT, CHUNK_BYTES = 3, 3000, 256
 
@@ -72,20 +73,27 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address():
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
     session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
-    upstream = WORLD - 1
-    # How many calls rank 0 has made so far: one more warm-up call tells us via its stats.
-    sequence = cluster.run(tasks.stats_after_allreduce, COUNT, 10.0)[0][1].sequence
+    # Warm-up calls until rank 0's socket holds nothing from earlier tests (a flood can leave
+    # thousands of datagrams queued, and a full socket would drop the forged ones); the last
+    # one also tells us how many calls rank 0 has made so far.
+    for _ in range(500):
+        warm_up = cluster.run(tasks.stats_after_allreduce, COUNT, 10.0)[0][1]
+        if warm_up.dropped_invalid + warm_up.dropped_foreign == 0:
+            break
+    sequence = warm_up.sequence
     next_sequence = sequence + 1
-    layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES)
+    algorithm = "direct" if WORLD > 2 else "ring"  # what "auto" runs
+    layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm=algorithm)
     chunk_elements = CHUNK_BYTES // 4
-    # The upstream's first datagram of the next call, byte for byte: reduce-scatter step 0,
-    # chunk 0 of the segment it owns at rotation next_sequence % WORLD, its own input.
-    segment = (upstream + next_sequence) % WORLD
-    first = COUNT * segment // WORLD
+    # What rank 0's schedule expects first in the next call, from whom, byte for byte:
+    # step 0, chunk 0 of the block it receives, the sender's own input (rank + 1 everywhere).
+    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS[algorithm], 0, WORLD, 0,
+                                next_sequence % WORLD)
+    upstream, block = steps[0]["recv_peer"], steps[0]["recv_block"]
+    assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
     payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
     genuine_copy = wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=upstream,
                                       chunk_index=0, payload_bytes=len(payload), layout=layout) + payload
-    assert first + chunk_elements <= COUNT * (segment + 1) // WORLD
     forged = [
         genuine_copy,  # arrives first, so the real one becomes the duplicate
         wire_format.header(kind=1, session_id=session, sequence=sequence, source_rank=upstream, chunk_index=1,

@@ -4,25 +4,28 @@ stranger or a peer on the wire."""
 import struct
 
 MAGIC = 0x31544455
-VERSION = 1
-KIND_DATA, KIND_END, KIND_CREDIT = 1, 2, 3
-NO_RANK = 0xFFFF
+VERSION = 2
+KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE = 1, 2, 3, 4
+COLLECTIVES = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "agree": 4}
+ALGORITHMS = {"ring": 0, "direct": 1}
 HEADER = struct.Struct("<IBBBBQIHHIHHIII")
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4}
 
 
-def layout_tag(count, dtype, op, chunk_bytes, estimator=0):
-    """FNV-1a over (count, dtype code, op code, chunk_bytes, estimator) as five little-endian u64."""
+def layout_tag(count, dtype, op, chunk_bytes, estimator=0, collective="allreduce", algorithm="direct", root=0):
+    """FNV-1a over (collective, algorithm, count, dtype code, op code, chunk_bytes, estimator, root)
+    as eight little-endian u64."""
     value = 2166136261
-    for byte in struct.pack("<5Q", count, DTYPE_CODES[dtype], op, chunk_bytes, estimator):
+    fields = (COLLECTIVES[collective], ALGORITHMS[algorithm], count, DTYPE_CODES[dtype], op, chunk_bytes, estimator, root)
+    for byte in struct.pack("<8Q", *fields):
         value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
     return value
 
 
 def header(*, kind, session_id, sequence, source_rank, phase=0, step=0, chunk_index=0, contributions=1,
-           payload_bytes=0, layout=0, credit=0, silent_rank=NO_RANK, magic=MAGIC, version=VERSION, flags=0):
+           payload_bytes=0, layout=0, credit=0, reserved=0, magic=MAGIC, version=VERSION, flags=0):
     return HEADER.pack(magic, version, kind, phase, flags, session_id, sequence, step, source_rank, chunk_index,
-                       contributions, silent_rank, payload_bytes, layout, credit)
+                       contributions, reserved, payload_bytes, layout, credit)
 
 
 assert HEADER.size == 44
