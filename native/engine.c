@@ -817,7 +817,11 @@ static int valid_args(const struct udt_comm *comm, const struct udt_collective_a
         return 0;
     if (!(a->deadline_s > 0) || !(a->deadline_s <= 1e6) || !(a->loss_budget >= 0) || a->root >= comm->world_size)
         return 0;
-    if (a->collective != UDT_AGREE && a->count && (!a->input || !a->output))
+    /* reduce_scatter's output and all_gather's input are this rank's shard, which may be empty */
+    uint64_t shard = udt_block_length(a->count, comm->world_size, comm->rank);
+    uint64_t input_count = a->collective == UDT_ALL_GATHER ? shard : a->count;
+    uint64_t output_count = a->collective == UDT_REDUCE_SCATTER ? shard : a->count;
+    if (a->collective != UDT_AGREE && ((input_count && !a->input) || (output_count && !a->output)))
         return 0;
     return 1;
 }

@@ -17,9 +17,9 @@ def rank_values(rank, count, dtype, integer_valued=True):
     return values.astype(dtype)
 
 
-def allreduce_values(comm, count, dtype, op, integer_valued=True, loss_budget=0.0, deadline=10.0):
+def allreduce_values(comm, count, dtype, op, integer_valued=True, loss_budget=0.0, deadline=10.0, algorithm=None):
     tensor = rank_values(comm.rank, count, dtype, integer_valued)
-    stats = comm.allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline)
+    stats = comm.allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, algorithm=algorithm)
     result = tensor.float().numpy() if isinstance(tensor, torch.Tensor) else tensor
     return result, stats
 
@@ -111,3 +111,136 @@ def mismatched_allreduce(comm, deadline):
     except ud_transport.TransportError as caught:
         error = caught
     return error, bool(np.all(tensor == 1))
+
+
+def as_numpy(tensor):
+    return tensor.float().numpy() if isinstance(tensor, torch.Tensor) else tensor
+
+
+def zeros_like_values(count, dtype):
+    return torch.zeros(count, dtype=torch.bfloat16) if dtype == "bfloat16" else np.zeros(count, dtype=dtype)
+
+
+def reduce_scatter_values(comm, count, dtype, op, algorithm):
+    tensor = rank_values(comm.rank, count, dtype)
+    before = as_numpy(tensor).copy()
+    start, stop = comm.shard_range(count)
+    output = zeros_like_values(stop - start, dtype)
+    stats = comm.reduce_scatter(tensor, output, op=op, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    assert np.array_equal(as_numpy(tensor), before), "reduce_scatter changed its input"
+    return as_numpy(output).copy(), (start, stop), stats
+
+
+def all_gather_values(comm, count, dtype, algorithm):
+    start, stop = comm.shard_range(count)
+    shard = rank_values(comm.rank, count, dtype)[start:stop].clone() if dtype == "bfloat16" else \
+        rank_values(comm.rank, count, dtype)[start:stop].copy()
+    output = zeros_like_values(count, dtype)
+    stats = comm.all_gather(shard, output, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    return as_numpy(output).copy(), stats
+
+
+def broadcast_values(comm, count, dtype, root, algorithm):
+    tensor = rank_values(comm.rank, count, dtype)
+    stats = comm.broadcast(tensor, root, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    return as_numpy(tensor).copy(), stats
+
+
+def lossy_gathers(comm, count, calls, algorithm, kind):
+    """all_gather (or broadcast from rank 0) under loss into an output that holds
+    a known old value; returns what each call left there."""
+    rows = []
+    for call in range(calls):
+        old = np.full(count, -1000.0 - call, dtype=np.float32)
+        fresh = (np.arange(count, dtype=np.float32) * 3 + 7 * comm.rank + call).astype(np.float32)
+        output = old.copy()
+        start, stop = comm.shard_range(count)
+        if kind == "all_gather":
+            stats = comm.all_gather(fresh[start:stop].copy(), output, loss_budget=1.0, deadline=10.0, algorithm=algorithm)
+        else:
+            if comm.rank == 0:
+                output = fresh.copy()
+            stats = comm.broadcast(output, 0, loss_budget=1.0, deadline=10.0, algorithm=algorithm)
+        rows.append((output, stats.chunks_stale, stats.own_gather_fraction))
+    return rows
+
+
+def verdicts_under_loss(comm, calls, count, budget, algorithm):
+    """Outcome of each call as (exception class or "ok", rank it names)."""
+    outcomes = []
+    for call in range(calls):
+        tensor = np.full(count, comm.rank + 1.0, dtype=np.float32)
+        try:
+            comm.allreduce(tensor, loss_budget=budget, deadline=5.0, algorithm=algorithm)
+            outcomes.append(("ok", None))
+        except ud_transport.TransportError as error:
+            outcomes.append((type(error).__name__, getattr(error, "rank", None)))
+    return outcomes
+
+
+def agree_values(comm, calls):
+    results = []
+    for call in range(calls):
+        value = (comm.rank * 7 + call) % 11
+        results.append((comm.agree(value, deadline=5.0), comm.agree(comm.rank == call % comm.world_size, deadline=5.0),
+                        comm.agree(False, deadline=5.0)))
+    return results
+
+
+def budget_successes(comm, calls, count):
+    succeeded = 0
+    for call in range(calls):
+        tensor = np.random.default_rng([call, comm.rank]).standard_normal(count).astype(np.float32)
+        try:
+            comm.allreduce(tensor, loss_budget=0.1, deadline=5.0)
+            succeeded += 1
+        except ud_transport.LossBudgetExceeded:
+            pass
+    return succeeded
+
+
+def argument_errors(comm):
+    """Each bad call must raise the named exception; returns what did not."""
+    import datetime
+
+    wrong = []
+    start, stop = comm.shard_range(10)
+
+    def expect(exception, call):
+        try:
+            call()
+            wrong.append(f"no {exception.__name__}")
+        except exception:
+            pass
+
+    data = np.ones(10, dtype=np.float32)
+    expect(ValueError, lambda: comm.reduce_scatter(data, np.zeros(stop - start + 1, dtype=np.float32)))
+    expect(TypeError, lambda: comm.reduce_scatter(data, np.zeros(stop - start, dtype=np.float64)))
+    expect(ValueError, lambda: comm.all_gather(np.ones(stop - start + 1, dtype=np.float32), data))
+    expect(ValueError, lambda: comm.broadcast(data, comm.world_size))
+    expect(ValueError, lambda: comm.agree(2**32))
+    expect(ValueError, lambda: comm.allreduce(data, algorithm="tree"))
+    expect(TypeError, lambda: comm.allreduce(np.ones(4, dtype=">f4")))
+    if not np.all(data == 1):
+        wrong.append("a refused call changed the tensor")
+    # accepted spellings
+    import torch.distributed as dist
+
+    comm.allreduce(data, op=dist.ReduceOp.SUM, deadline=datetime.timedelta(seconds=5), loss_budget=0.0)
+    if not np.all(data == comm.world_size):
+        wrong.append("ReduceOp.SUM with a timedelta deadline did not sum")
+    return wrong
+
+
+def reduce_scatter_trials(comm, count, trials, estimator, seed, algorithm):
+    """reduce_scatter of inputs drawn anew each trial (exchangeable, like gradients):
+    returns this rank's shards and every input, so the test knows the truth."""
+    start, stop = comm.shard_range(count)
+    shards, inputs = [], []
+    for trial in range(trials):
+        values = np.random.default_rng([seed, trial, comm.rank]).normal(1.0, 1.0, count)
+        output = np.zeros(stop - start)
+        comm.reduce_scatter(values, output, loss_budget=1.0, deadline=10.0, estimator=estimator, algorithm=algorithm)
+        shards.append(output)
+        inputs.append(values)
+    return np.array(shards), np.array(inputs), (start, stop)

@@ -21,16 +21,17 @@ def expected(world, count, dtype, op, integer_valued=True):
 
 def element_counts(world):
     # empty, one element, fewer than the ranks, not divisible by the chunk, many chunks per segment
-    return sorted({0, 1, max(world - 1, 1), 6 * world + 5, 1000})
+    return sorted({0, 1, max(world - 1, 1), 6 * world + 5, 997, 1000})
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", ["sum", "mean"])
-def test_exact_without_loss(world, dtype, op):
+def test_exact_without_loss(world, dtype, op, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for count in element_counts(world):
-        results = cluster.run(tasks.allreduce_values, count, dtype, op)
+        results = cluster.run(tasks.allreduce_values, count, dtype, op, True, 0.0, 10.0, algorithm)
         want = expected(world, count, dtype, op)
         for rank, (result, stats) in enumerate(results):
             assert stats.delivered_fraction == 1.0 and stats.chunks_lost == 0
@@ -55,14 +56,16 @@ def test_non_integer_floats_within_rounding(world):
             np.testing.assert_allclose(result, want, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "float64"])
-def test_torch_tensors_in_place(dtype):
-    cluster = get_cluster(3, chunk_bytes=CHUNK_BYTES)
+def test_torch_tensors_in_place(dtype, world):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     results = cluster.run(tasks.allreduce_torch, 100, dtype)
     import torch
 
-    # the exact sum, rounded once to the tensor's own type (accumulation is in float32 or wider)
-    want = torch.tensor(3 * np.arange(100) + 3, dtype=torch.float64).to(getattr(torch, dtype)).double().numpy()
+    # the exact sum of arange(100) + rank over the ranks, rounded once to the tensor's own type
+    exact = world * np.arange(100) + world * (world - 1) / 2
+    want = torch.tensor(exact, dtype=torch.float64).to(getattr(torch, dtype)).double().numpy()
     for result, stats in results:
         np.testing.assert_array_equal(result.astype(np.float64), want)
 

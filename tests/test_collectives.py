@@ -1,0 +1,163 @@
+"""reduce_scatter, all_gather, broadcast and agree, on both schedules: exact
+without loss; under loss, stale chunks keep their old value bit for bit and
+every rank reaches the same verdict on every call."""
+import datetime
+
+import numpy as np
+import pytest
+
+import tasks
+import ud_transport
+from conftest import get_cluster
+
+CHUNK_BYTES = 24  # the exactness tests share their clusters with test_allreduce_exact
+ALGORITHMS = ["ring", "direct"]
+
+
+def exact_sum(world, count, dtype):
+    return sum(tasks.rank_values(r, count, "float64") for r in range(world)).astype(np.float64)
+
+
+def counts(world):
+    return sorted({0, 1, max(world - 1, 1), 6 * world + 5, 997})
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32"])
+def test_reduce_scatter_exact(world, dtype, algorithm):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    for count in counts(world):
+        want = exact_sum(world, count, dtype)
+        for op in ("sum", "mean"):
+            for rank, (output, (start, stop), stats) in enumerate(cluster.run(tasks.reduce_scatter_values, count, dtype, op, algorithm)):
+                expected = want[start:stop] / (world if op == "mean" else 1)
+                if dtype == "int32":
+                    expected = np.round(expected)
+                tolerance = {"float16": 1e-3, "bfloat16": 8e-3}.get(dtype, 1e-6) if op == "mean" else 0
+                np.testing.assert_allclose(output.astype(np.float64), expected, rtol=tolerance, atol=tolerance,
+                                           err_msg=f"rank {rank} count {count} op {op}")
+                assert stats.reduce_fraction == 1.0 and stats.collective == "reduce_scatter"
+            assert sum(stop - start for _, (start, stop), _ in cluster.run(tasks.reduce_scatter_values, count, dtype, "sum", algorithm)) == count
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "float64"])
+def test_all_gather_exact(world, dtype, algorithm):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    for count in counts(world):
+        want = np.zeros(count)
+        for rank in range(world):
+            start, stop = ud_transport.Communicator.shard_range.__get__(type("C", (), {"world_size": world, "rank": rank})())(count)
+            want[start:stop] = np.asarray(tasks.as_numpy(tasks.rank_values(rank, count, dtype)), dtype=np.float64)[start:stop]
+        for rank, (output, stats) in enumerate(cluster.run(tasks.all_gather_values, count, dtype, algorithm)):
+            np.testing.assert_array_equal(output.astype(np.float64), want, err_msg=f"rank {rank} count {count}")
+            assert stats.gather_fraction == 1.0 and stats.chunks_stale == 0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_broadcast_exact_from_every_root(world, algorithm):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    for root in range(world):
+        for dtype in ("float32", "bfloat16", "int32"):
+            for count in counts(world):
+                want = np.asarray(tasks.as_numpy(tasks.rank_values(root, count, dtype)), dtype=np.float64)
+                for rank, (output, stats) in enumerate(cluster.run(tasks.broadcast_values, count, dtype, root, algorithm)):
+                    np.testing.assert_array_equal(output.astype(np.float64), want, err_msg=f"root {root} rank {rank}")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_sixteen_ranks_exact(algorithm):
+    cluster = get_cluster(16, chunk_bytes=CHUNK_BYTES)
+    for result, stats in cluster.run(tasks.allreduce_values, 1001, "float32", "sum", True, 0.0, 30.0, algorithm):
+        np.testing.assert_array_equal(result.astype(np.float64), exact_sum(16, 1001, "float32"))
+        assert stats.delivered_fraction == 1.0
+
+
+def lossy(world=4, loss=0.1):
+    return get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(loss, seed=11))
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "broadcast"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_stale_chunks_keep_their_old_value_bit_for_bit(kind, algorithm):
+    world, count, calls = 4, 480, 20
+    chunk = 32 // 4
+    per_rank = lossy().run(tasks.lossy_gathers, count, calls, algorithm, kind)
+    stale_seen = 0
+    for call in range(calls):
+        old = np.full(count, -1000.0 - call, dtype=np.float32)
+        owners_value = np.empty(count, dtype=np.float32)
+        for rank in range(world):
+            start, stop = (count * rank // world, count * (rank + 1) // world)
+            source = 0 if kind == "broadcast" else rank
+            owners_value[start:stop] = (np.arange(count, dtype=np.float32) * 3 + 7 * source + call)[start:stop]
+        for rank in range(world):
+            output, chunks_stale, own_gather_fraction = per_rank[rank][call]
+            fresh = output == owners_value
+            stale = output == old
+            assert np.all(fresh | stale), f"call {call} rank {rank}: an element is neither the owner's nor the old value"
+            # staleness comes in whole chunks of a block
+            stale_chunks = sum(bool(stale[b * count // world + k: min(b * count // world + k + chunk, (b + 1) * count // world)].all())
+                               for b in range(world) for k in range(0, count // world, chunk))
+            assert stale_chunks == chunks_stale, (call, rank, stale_chunks, chunks_stale)
+            assert own_gather_fraction == pytest.approx(fresh.mean())
+            stale_seen += chunks_stale
+    assert stale_seen > 0, "10% loss must leave some chunks stale"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_reduce_scatter_unbiased_under_loss(algorithm):
+    """The owner's shard, rescaled by N / contributions, is unbiased for
+    exchangeable inputs; zero fill is rejected by the same test."""
+    from support import z_score
+
+    cluster = lossy(loss=0.3)
+    outcome = {}
+    for estimator in ("unbiased", "zero_fill"):
+        runs = cluster.run(tasks.reduce_scatter_trials, 240, 160, estimator, 5, algorithm)
+        truth = sum(inputs for _, inputs, _ in runs)  # trial, element
+        outcome[estimator] = [z_score((shards - truth[:, start:stop]).mean(axis=1)) for shards, _, (start, stop) in runs]
+    assert all(abs(z) < 4 for z in outcome["unbiased"]), outcome
+    assert all(z < -4 for z in outcome["zero_fill"]), outcome
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_one_verdict_on_every_call_at_ten_percent_loss(algorithm):
+    """Budgets near the typical missing share, so calls fail and succeed;
+    on every call all ranks reach the same outcome naming the same rank."""
+    calls = 600
+    per_rank = lossy().run(tasks.verdicts_under_loss, calls, 64, 0.08, algorithm)
+    kinds = set()
+    for call in range(calls):
+        outcomes = {per_rank[rank][call] for rank in range(4)}
+        assert len(outcomes) == 1, f"call {call}: ranks disagree: {[per_rank[r][call] for r in range(4)]}"
+        kinds.add(outcomes.pop()[0])
+    assert kinds == {"ok", "LossBudgetExceeded"}, kinds
+
+
+def test_agree_gives_every_rank_the_maximum_under_loss():
+    world, calls = 4, 50
+    per_rank = lossy().run(tasks.agree_values, calls)
+    for call in range(calls):
+        want = max((rank * 7 + call) % 11 for rank in range(world))
+        assert all(per_rank[rank][call] == (want, True, False) for rank in range(world)), [per_rank[r][call] for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_budget_of_ten_percent_holds_at_one_percent_loss(world):
+    """The headline call, allreduce(t, loss_budget=0.1), with the default
+    algorithm succeeds on at least 99% of calls at 1% i.i.d. loss."""
+    calls = 200
+    cluster = get_cluster(world, chunk_bytes=256, inject=ud_transport.Bernoulli(0.01, seed=world))
+    successes = cluster.run(tasks.budget_successes, calls, 4096)
+    assert len(set(successes)) == 1  # one verdict
+    assert successes[0] >= 0.99 * calls, successes
+
+
+def test_argument_errors_are_clear_and_send_nothing():
+    cluster = get_cluster(2, chunk_bytes=CHUNK_BYTES)
+    for error in cluster.run(tasks.argument_errors):
+        assert error == [], error
