@@ -57,8 +57,45 @@ static inline int udt_transport_recv(struct udt_transport *t, struct udt_recv_it
 static inline int udt_transport_wait(struct udt_transport *t, int us) { return t->ops->wait(t, us); }
 static inline void udt_transport_destroy(struct udt_transport *t) { if (t) t->ops->destroy(t); }
 
-/* UDP: one non-blocking socket bound to bind_ipv4:port (port 0 picks one). */
+/* UDP: one non-blocking socket bound to bind_ipv4:port (port 0 picks one).
+ * Where the kernel allows, consecutive send items to one peer with the same
+ * size go out as one UDP GSO message (UDP_SEGMENT), and the socket takes GRO
+ * receives (UDP_GRO), split back into datagrams by recv_batch. Environment:
+ * UD_UDP_GSO=0 / UD_UDP_GRO=0 turn either off when the transport opens. */
 struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes);
+
+/* What a UDP transport is doing (udt_udp_features). The functions below take
+ * the UDP transport itself, not a loss-injection wrapper around it; given
+ * anything else they return 0 (or -EINVAL). */
+#define UDT_UDP_GSO 1u              /* sends coalesced with UDP_SEGMENT */
+#define UDT_UDP_GRO 2u              /* receives may hold many datagrams (UDP_GRO) */
+#define UDT_UDP_RCVBUF_FORCED 4u    /* SO_RCVBUFFORCE took: the buffer is not capped by net.core.rmem_max */
+#define UDT_UDP_GSO_REFUSED 8u      /* the kernel refused a GSO send; GSO is off since (datagrams resent without it) */
+uint32_t udt_udp_features(const struct udt_transport *t);
+/* Turn features off (UDT_UDP_GSO, UDT_UDP_GRO) on an open transport, e.g. to
+ * measure or test the plain path. Returns 0, or -EINVAL if t is not UDP. */
+int udt_udp_disable(struct udt_transport *t, uint32_t features);
+/* The receive buffer the kernel granted, as getsockopt(SO_RCVBUF) reports it:
+ * twice what was asked (the kernel's bookkeeping share), capped at
+ * 2 x net.core.rmem_max unless UDT_UDP_RCVBUF_FORCED. Each queued datagram is
+ * charged its skb truesize against it, well above its payload; see
+ * scripts/bench_wire.py --fill for measured payload per granted byte. */
+uint32_t udt_udp_receive_buffer_bytes(const struct udt_transport *t);
+uint32_t udt_udp_send_buffer_bytes(const struct udt_transport *t);
+/* One line for logs and `info`, e.g. "gso=on gro=on rcvbuf=8388608
+ * (capped by net.core.rmem_max) (asked 67108864) sndbuf=8388608 max_datagram=1472". */
+int udt_udp_describe(const struct udt_transport *t, char *text, int text_bytes);
+struct udt_udp_counters {
+    uint64_t send_calls;         /* sendmmsg calls */
+    uint64_t send_messages;      /* messages they took (a GSO message counts once) */
+    uint64_t send_gso_messages;  /* of which carried UDP_SEGMENT */
+    uint64_t send_gso_datagrams; /* datagrams inside those */
+    uint64_t recv_calls;         /* recvmmsg calls that returned something */
+    uint64_t recv_messages;      /* messages they returned */
+    uint64_t recv_gro_messages;  /* of which held more than one datagram */
+    uint64_t recv_gro_datagrams; /* datagrams split out of those */
+};
+int udt_udp_counters(const struct udt_transport *t, struct udt_udp_counters *out);
 
 /* Seeded loss injection in front of another transport's receive path. */
 enum udt_loss_kind { UDT_LOSS_NONE = 0, UDT_LOSS_BERNOULLI = 1, UDT_LOSS_GILBERT_ELLIOTT = 2 };

@@ -1,44 +1,121 @@
 /* UDP transport: one non-blocking socket per rank, batched with
- * sendmmsg/recvmmsg, large kernel buffers so bursts are absorbed. */
+ * sendmmsg/recvmmsg, large kernel buffers so bursts are absorbed.
+ *
+ * Where the kernel allows it, its own batching is used as well:
+ *  - GSO (UDP_SEGMENT): consecutive send items to one peer with the same
+ *    size (the last of a run may be shorter) go out as one message whose
+ *    iovec is [header1, payload1, header2, payload2, ...]; the kernel (or the
+ *    NIC) cuts it into datagrams of that size. One message holds at most
+ *    UDP_GSO_MAX_SEGMENTS datagrams and UDP_GSO_MAX_BYTES bytes. Payloads
+ *    are still read straight from the caller's memory.
+ *  - GRO (UDP_GRO): one receive may return many datagrams of one sender
+ *    back to back; a control message gives their size and recv_batch splits
+ *    them into separate items (the last may be shorter).
+ * A kernel that refuses a GSO send turns GSO off for the socket, and the
+ * datagrams go out again without it (udt_udp_features says so). */
 #define _GNU_SOURCE
 #include "transport.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #define UDP_RECV_SLOTS 64
+#define UDP_SLOT_BYTES 65536u   /* one receive: a datagram, or a GRO train of them (at most 64 KiB) */
 #define UDP_MAX_DATAGRAM 65507u /* 65535 - IPv4 header - UDP header */
 #define UDP_IP_OVERHEAD 28u
+#define UDP_SEND_MESSAGES 64    /* messages per sendmmsg */
+#define UDP_SEND_ITEMS 512      /* send items per sendmmsg (bounds the iovec table) */
+#define UDP_GSO_MAX_SEGMENTS 64
+#define UDP_GSO_MAX_BYTES 65000u
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
 
 struct udp_transport {
     struct udt_transport base;
     int fd;
+    uint32_t features;
+    int gso_refused_errno;
+    uint32_t receive_buffer_asked, receive_buffer_bytes, send_buffer_bytes;
     uint32_t peer_count;
     struct sockaddr_in *peers;
     int32_t last_peer_hit;
+    struct udt_udp_counters counters;
+
+    /* send scratch: messages, how many items each carries, iovecs, GSO control */
+    struct mmsghdr send_msgs[UDP_SEND_MESSAGES];
+    uint32_t send_items_in[UDP_SEND_MESSAGES];
+    union {
+        char bytes[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } send_control[UDP_SEND_MESSAGES];
+    struct iovec send_iov[2 * UDP_SEND_ITEMS];
+
+    /* receive slots, and what the last recvmmsg put in them */
     uint8_t *recv_buffers;
     struct mmsghdr recv_msgs[UDP_RECV_SLOTS];
     struct iovec recv_iov[UDP_RECV_SLOTS];
     struct sockaddr_in recv_from[UDP_RECV_SLOTS];
+    union {
+        char bytes[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } recv_control[UDP_RECV_SLOTS];
+    uint32_t slot_bytes[UDP_RECV_SLOTS];    /* bytes of whole datagrams held (0: one empty or truncated datagram) */
+    uint32_t slot_segment[UDP_RECV_SLOTS];  /* datagram size of a GRO train; 0: the slot holds one datagram */
+    uint8_t slot_truncated[UDP_RECV_SLOTS]; /* a GRO train cut short: a 0-byte item follows its whole datagrams */
+    int32_t slot_peer[UDP_RECV_SLOTS];
+    /* datagrams of the last recvmmsg not yet handed out (they stay in their slots) */
+    int pending_slots, pending_slot;
+    uint32_t pending_index;
 };
 
-static void set_buffer(int fd, int force_option, int option, uint32_t bytes)
+static const struct udt_transport_ops udp_ops;
+
+static struct udp_transport *as_udp(const struct udt_transport *t)
 {
-    int value = (int)bytes;
-    /* FORCE ignores net.core.[rw]mem_max but needs CAP_NET_ADMIN; fall back. */
-    if (setsockopt(fd, SOL_SOCKET, force_option, &value, sizeof value) != 0)
+    return t && t->ops == &udp_ops ? (struct udp_transport *)t : NULL;
+}
+
+/* Ask for `bytes` of socket buffer (FORCE ignores net.core.[rw]mem_max but
+ * needs CAP_NET_ADMIN; else the plain option, which the kernel caps), then
+ * read back what was granted. Returns 1 when FORCE took. */
+static int set_buffer(int fd, int force_option, int option, uint32_t bytes, uint32_t *granted)
+{
+    int value = bytes > (uint32_t)(INT_MAX / 2) ? INT_MAX / 2 : (int)bytes;
+    int forced = setsockopt(fd, SOL_SOCKET, force_option, &value, sizeof value) == 0;
+    if (!forced)
         setsockopt(fd, SOL_SOCKET, option, &value, sizeof value);
+    int now = 0;
+    socklen_t length = sizeof now;
+    *granted = getsockopt(fd, SOL_SOCKET, option, &now, &length) == 0 && now > 0 ? (uint32_t)now : 0;
+    return forced;
+}
+
+static int env_disabled(const char *name)
+{
+    const char *value = getenv(name);
+    return value && (!strcmp(value, "0") || !strcasecmp(value, "off") || !strcasecmp(value, "no") || !strcasecmp(value, "false"));
 }
 
 /* MTU of the interface that owns `address` (loopback for 127/8). */
@@ -105,58 +182,179 @@ static int32_t lookup_peer(struct udp_transport *u, const struct sockaddr_in *fr
     return -1;
 }
 
+/* ---- send ---------------------------------------------------------------- */
+
+static inline uint32_t item_bytes(const struct udt_send_item *item) { return item->header_bytes + item->payload_bytes; }
+
+/* How many items from items[0] go out as one GSO message: same peer, same
+ * size as the first (one shorter item may end the run), within the kernel's
+ * limits. 1 when GSO is off or the size cannot be a GSO segment. */
+static int gso_run(const struct udp_transport *u, const struct udt_send_item *items, int count, int iov_room)
+{
+    uint32_t size = item_bytes(&items[0]);
+    if (!(u->features & UDT_UDP_GSO) || size == 0 || size > u->base.max_datagram_bytes)
+        return 1;
+    int run = 1;
+    uint32_t total = size;
+    while (run < count && run < UDP_GSO_MAX_SEGMENTS && 2 * (run + 1) <= iov_room) {
+        const struct udt_send_item *item = &items[run];
+        uint32_t bytes = item_bytes(item);
+        if (item->peer != items[0].peer || bytes == 0 || bytes > size || total + bytes > UDP_GSO_MAX_BYTES)
+            break;
+        total += bytes;
+        run++;
+        if (bytes < size)
+            break; /* only the last datagram of a GSO message may be shorter */
+    }
+    return run;
+}
+
+/* Fill the send scratch from items; returns the number of messages. */
+static int build_messages(struct udp_transport *u, const struct udt_send_item *items, int count)
+{
+    int messages = 0, iovs = 0, next = 0;
+    while (next < count && messages < UDP_SEND_MESSAGES && iovs + 2 <= 2 * UDP_SEND_ITEMS) {
+        const struct udt_send_item *first = &items[next];
+        int run = gso_run(u, first, count - next, 2 * UDP_SEND_ITEMS - iovs);
+        struct msghdr *h = &u->send_msgs[messages].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_name = &u->peers[first->peer];
+        h->msg_namelen = sizeof(struct sockaddr_in);
+        h->msg_iov = &u->send_iov[iovs];
+        for (int i = 0; i < run; i++) {
+            const struct udt_send_item *item = &first[i];
+            if (item->header_bytes)
+                u->send_iov[iovs++] = (struct iovec){.iov_base = (void *)item->header, .iov_len = item->header_bytes};
+            if (item->payload_bytes)
+                u->send_iov[iovs++] = (struct iovec){.iov_base = (void *)item->payload, .iov_len = item->payload_bytes};
+        }
+        h->msg_iovlen = (size_t)(&u->send_iov[iovs] - h->msg_iov);
+        if (run > 1) {
+            uint16_t segment = (uint16_t)item_bytes(first);
+            h->msg_control = u->send_control[messages].bytes;
+            h->msg_controllen = CMSG_SPACE(sizeof segment);
+            struct cmsghdr *c = CMSG_FIRSTHDR(h);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof segment);
+            memcpy(CMSG_DATA(c), &segment, sizeof segment);
+        }
+        u->send_items_in[messages++] = (uint32_t)run;
+        next += run;
+    }
+    return messages;
+}
+
 static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *items, int count)
 {
     struct udp_transport *u = (struct udp_transport *)t;
-    struct mmsghdr msgs[64];
-    struct iovec iov[64][2];
+    for (int i = 0; i < count; i++) {
+        if (items[i].peer >= u->peer_count) {
+            snprintf(t->error, sizeof t->error, "udp: send to unknown peer %u", items[i].peer);
+            return -EINVAL;
+        }
+    }
     int done = 0;
     while (done < count) {
-        int batch = count - done > 64 ? 64 : count - done;
-        for (int i = 0; i < batch; i++) {
-            const struct udt_send_item *item = &items[done + i];
-            if (item->peer >= u->peer_count) {
-                snprintf(t->error, sizeof t->error, "udp: send to unknown peer %u", item->peer);
-                return -EINVAL;
-            }
-            iov[i][0].iov_base = (void *)item->header;
-            iov[i][0].iov_len = item->header_bytes;
-            iov[i][1].iov_base = (void *)item->payload;
-            iov[i][1].iov_len = item->payload_bytes;
-            memset(&msgs[i], 0, sizeof msgs[i]);
-            msgs[i].msg_hdr.msg_name = &u->peers[item->peer];
-            msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-            msgs[i].msg_hdr.msg_iov = iov[i];
-            msgs[i].msg_hdr.msg_iovlen = item->payload_bytes ? 2 : 1;
-        }
-        int sent = sendmmsg(u->fd, msgs, (unsigned)batch, MSG_DONTWAIT);
+        int messages = build_messages(u, items + done, count - done);
+        int sent = sendmmsg(u->fd, u->send_msgs, (unsigned)messages, MSG_DONTWAIT);
+        u->counters.send_calls++;
         if (sent < 0) {
-            if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)
+            int error = errno;
+            if (error == EAGAIN || error == ENOBUFS || error == EINTR)
                 return done;
-            /* The network refused this one datagram (a firewall, no route,
-             * an ICMP error from an earlier send): that is loss, not a
-             * failure of the call. Skip it and go on. */
-            if (errno == EPERM || errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH || errno == EMSGSIZE) {
-                done += 1;
+            /* The first message failed. A GSO message the kernel will not
+             * take (no UDP_SEGMENT, no checksum offload on the route, a
+             * path MTU below the segment): GSO off for good, send again. */
+            if (u->send_items_in[0] > 1 &&
+                (error == EINVAL || error == ENOPROTOOPT || error == EIO || error == EOPNOTSUPP || error == EMSGSIZE)) {
+                u->features = (u->features & ~UDT_UDP_GSO) | UDT_UDP_GSO_REFUSED;
+                u->gso_refused_errno = error;
                 continue;
             }
-            snprintf(t->error, sizeof t->error, "udp: sendmmsg failed: %s (%d)", strerror(errno), errno);
-            return -errno;
+            /* The network refused this message (a firewall, no route, an
+             * ICMP error from an earlier send): that is loss, not a failure
+             * of the call. Skip its datagrams and go on. */
+            if (error == EPERM || error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EMSGSIZE) {
+                done += (int)u->send_items_in[0];
+                continue;
+            }
+            snprintf(t->error, sizeof t->error, "udp: sendmmsg failed: %s (%d)", strerror(error), error);
+            return -error;
         }
-        done += sent;
-        if (sent < batch)
-            return done;
+        for (int i = 0; i < sent; i++) {
+            done += (int)u->send_items_in[i];
+            if (u->send_items_in[i] > 1) {
+                u->counters.send_gso_messages++;
+                u->counters.send_gso_datagrams += u->send_items_in[i];
+            }
+        }
+        u->counters.send_messages += (uint64_t)sent;
+        /* Fewer than asked: the next call reports why (a full buffer ends
+         * the batch; a refused message is skipped or resent above). */
     }
     return done;
+}
+
+/* ---- receive ------------------------------------------------------------- */
+
+static uint32_t slot_items(const struct udp_transport *u, int slot)
+{
+    uint32_t bytes = u->slot_bytes[slot], segment = u->slot_segment[slot];
+    if (bytes == 0)
+        return 1;
+    return (segment ? (bytes + segment - 1) / segment : 1) + u->slot_truncated[slot];
+}
+
+/* Hand out datagrams still waiting in the slots, in arrival order. */
+static int emit_pending(struct udp_transport *u, struct udt_recv_item *items, int max_items)
+{
+    int n = 0;
+    while (n < max_items && u->pending_slot < u->pending_slots) {
+        int slot = u->pending_slot;
+        uint32_t count = slot_items(u, slot), bytes = u->slot_bytes[slot];
+        uint32_t segment = u->slot_segment[slot] ? u->slot_segment[slot] : bytes;
+        const uint8_t *base = u->recv_iov[slot].iov_base;
+        while (n < max_items && u->pending_index < count) {
+            uint64_t offset = (uint64_t)u->pending_index * segment;
+            struct udt_recv_item *item = &items[n++];
+            item->peer = u->slot_peer[slot];
+            if (offset < bytes) {
+                item->data = base + offset;
+                item->bytes = bytes - offset < segment ? bytes - (uint32_t)offset : segment;
+            } else {
+                /* An empty datagram, or what a truncated receive cut off: a
+                 * length no valid datagram has, so the engine drops it. */
+                item->data = base;
+                item->bytes = 0;
+            }
+            u->pending_index++;
+        }
+        if (u->pending_index == count) {
+            u->pending_slot++;
+            u->pending_index = 0;
+        }
+    }
+    return n;
 }
 
 static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, int max_items)
 {
     struct udp_transport *u = (struct udp_transport *)t;
+    if (max_items <= 0)
+        return 0;
+    if (u->pending_slot < u->pending_slots)
+        return emit_pending(u, items, max_items);
+
     int want = max_items < UDP_RECV_SLOTS ? max_items : UDP_RECV_SLOTS;
     for (int i = 0; i < want; i++) {
-        u->recv_msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-        u->recv_msgs[i].msg_hdr.msg_flags = 0;
+        struct msghdr *h = &u->recv_msgs[i].msg_hdr;
+        h->msg_namelen = sizeof(struct sockaddr_in);
+        h->msg_flags = 0;
+        /* Always offered: a GRO train queued before GRO was turned off still
+         * comes with its segment size. */
+        h->msg_control = u->recv_control[i].bytes;
+        h->msg_controllen = sizeof u->recv_control[i].bytes;
     }
     int got = recvmmsg(u->fd, u->recv_msgs, (unsigned)want, MSG_DONTWAIT, NULL);
     if (got < 0) {
@@ -165,19 +363,47 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
         snprintf(t->error, sizeof t->error, "udp: recvmmsg failed: %s (%d)", strerror(errno), errno);
         return -errno;
     }
+    if (got > 0)
+        u->counters.recv_calls++;
     for (int i = 0; i < got; i++) {
-        items[i].data = u->recv_iov[i].iov_base;
-        /* A datagram larger than our slot is cut short: report a length that
-         * no valid datagram has, so the engine drops it as truncated. */
-        items[i].bytes = (u->recv_msgs[i].msg_hdr.msg_flags & MSG_TRUNC) ? 0 : u->recv_msgs[i].msg_len;
-        items[i].peer = lookup_peer(u, &u->recv_from[i]);
+        struct msghdr *h = &u->recv_msgs[i].msg_hdr;
+        uint32_t bytes = u->recv_msgs[i].msg_len, segment = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(h); c; c = CMSG_NXTHDR(h, c)) {
+            if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int size;
+                memcpy(&size, CMSG_DATA(c), sizeof size);
+                segment = size > 0 ? (uint32_t)size : 0;
+            }
+        }
+        if (segment >= bytes)
+            segment = 0;
+        u->slot_truncated[i] = 0;
+        if (h->msg_flags & MSG_TRUNC) {
+            /* Larger than the slot: a lone datagram is reported as 0 bytes;
+             * of a GRO train, the whole datagrams are kept. */
+            u->slot_truncated[i] = segment != 0;
+            bytes = segment ? bytes - bytes % segment : 0;
+        }
+        u->slot_bytes[i] = bytes;
+        u->slot_segment[i] = segment;
+        u->slot_peer[i] = lookup_peer(u, &u->recv_from[i]);
+        if (segment) {
+            u->counters.recv_gro_messages++;
+            u->counters.recv_gro_datagrams += slot_items(u, i) - u->slot_truncated[i];
+        }
     }
-    return got;
+    u->counters.recv_messages += (uint64_t)got;
+    u->pending_slots = got;
+    u->pending_slot = 0;
+    u->pending_index = 0;
+    return emit_pending(u, items, max_items);
 }
 
 static int udp_wait(struct udt_transport *t, int timeout_us)
 {
     struct udp_transport *u = (struct udp_transport *)t;
+    if (u->pending_slot < u->pending_slots)
+        return 0; /* datagrams of a GRO train are still to be handed out */
     struct pollfd pfd = {.fd = u->fd, .events = POLLIN};
     struct timespec timeout = {.tv_sec = timeout_us / 1000000, .tv_nsec = (long)(timeout_us % 1000000) * 1000};
     int ready = ppoll(&pfd, 1, &timeout, NULL);
@@ -203,6 +429,77 @@ static const struct udt_transport_ops udp_ops = {
     .destroy = udp_destroy,
 };
 
+/* ---- features and buffers ------------------------------------------------ */
+
+static int enable_gso(struct udp_transport *u)
+{
+    int off = 0; /* per-socket default 0: segments come per message; this only asks whether the kernel knows UDP_SEGMENT */
+    return setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &off, sizeof off) == 0;
+}
+
+static int set_gro(struct udp_transport *u, int on)
+{
+    return setsockopt(u->fd, SOL_UDP, UDP_GRO, &on, sizeof on) == 0;
+}
+
+uint32_t udt_udp_features(const struct udt_transport *t)
+{
+    const struct udp_transport *u = as_udp(t);
+    return u ? u->features : 0;
+}
+
+int udt_udp_disable(struct udt_transport *t, uint32_t features)
+{
+    struct udp_transport *u = as_udp(t);
+    if (!u)
+        return -EINVAL;
+    if ((features & UDT_UDP_GRO) && (u->features & UDT_UDP_GRO))
+        set_gro(u, 0);
+    u->features &= ~(features & (UDT_UDP_GSO | UDT_UDP_GRO));
+    return 0;
+}
+
+uint32_t udt_udp_receive_buffer_bytes(const struct udt_transport *t)
+{
+    const struct udp_transport *u = as_udp(t);
+    return u ? u->receive_buffer_bytes : 0;
+}
+
+uint32_t udt_udp_send_buffer_bytes(const struct udt_transport *t)
+{
+    const struct udp_transport *u = as_udp(t);
+    return u ? u->send_buffer_bytes : 0;
+}
+
+int udt_udp_counters(const struct udt_transport *t, struct udt_udp_counters *out)
+{
+    const struct udp_transport *u = as_udp(t);
+    if (!u)
+        return -EINVAL;
+    *out = u->counters;
+    return 0;
+}
+
+int udt_udp_describe(const struct udt_transport *t, char *text, int text_bytes)
+{
+    const struct udp_transport *u = as_udp(t);
+    if (!u || text_bytes <= 0)
+        return -EINVAL;
+    char gso[64];
+    if (u->features & UDT_UDP_GSO)
+        snprintf(gso, sizeof gso, "on");
+    else if (u->features & UDT_UDP_GSO_REFUSED)
+        snprintf(gso, sizeof gso, "off (kernel refused: %s)", strerror(u->gso_refused_errno));
+    else
+        snprintf(gso, sizeof gso, "off");
+    const char *buffer_note = (u->features & UDT_UDP_RCVBUF_FORCED) ? " (SO_RCVBUFFORCE)"
+                              : u->receive_buffer_bytes / 2 < u->receive_buffer_asked ? " (capped by net.core.rmem_max)"
+                                                                                      : "";
+    return snprintf(text, (size_t)text_bytes, "gso=%s gro=%s rcvbuf=%u%s (asked %u) sndbuf=%u max_datagram=%u", gso,
+                    (u->features & UDT_UDP_GRO) ? "on" : "off", u->receive_buffer_bytes, buffer_note,
+                    u->receive_buffer_asked, u->send_buffer_bytes, u->base.max_datagram_bytes);
+}
+
 struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes)
 {
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -226,8 +523,14 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
         free(u);
         return NULL;
     }
-    set_buffer(u->fd, SO_RCVBUFFORCE, SO_RCVBUF, socket_buffer_bytes);
-    set_buffer(u->fd, SO_SNDBUFFORCE, SO_SNDBUF, socket_buffer_bytes);
+    u->receive_buffer_asked = socket_buffer_bytes;
+    if (set_buffer(u->fd, SO_RCVBUFFORCE, SO_RCVBUF, socket_buffer_bytes, &u->receive_buffer_bytes))
+        u->features |= UDT_UDP_RCVBUF_FORCED;
+    set_buffer(u->fd, SO_SNDBUFFORCE, SO_SNDBUF, socket_buffer_bytes, &u->send_buffer_bytes);
+    if (!env_disabled("UD_UDP_GSO") && enable_gso(u))
+        u->features |= UDT_UDP_GSO;
+    if (!env_disabled("UD_UDP_GRO") && set_gro(u, 1))
+        u->features |= UDT_UDP_GRO;
     if (bind(u->fd, (struct sockaddr *)&address, sizeof address) != 0) {
         snprintf(error, (size_t)error_bytes, "udp: bind %s:%u failed: %s (%d)", bind_ipv4, port, strerror(errno), errno);
         close(u->fd);
@@ -244,15 +547,15 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
     uint32_t max_datagram = mtu > UDP_IP_OVERHEAD ? mtu - UDP_IP_OVERHEAD : 512;
     u->base.max_datagram_bytes = max_datagram < UDP_MAX_DATAGRAM ? max_datagram : UDP_MAX_DATAGRAM;
 
-    u->recv_buffers = malloc((size_t)UDP_RECV_SLOTS * UDP_MAX_DATAGRAM);
+    u->recv_buffers = malloc((size_t)UDP_RECV_SLOTS * UDP_SLOT_BYTES);
     if (!u->recv_buffers) {
         snprintf(error, (size_t)error_bytes, "udp: out of memory for receive slots");
         udp_destroy(&u->base);
         return NULL;
     }
     for (int i = 0; i < UDP_RECV_SLOTS; i++) {
-        u->recv_iov[i].iov_base = u->recv_buffers + (size_t)i * UDP_MAX_DATAGRAM;
-        u->recv_iov[i].iov_len = UDP_MAX_DATAGRAM;
+        u->recv_iov[i].iov_base = u->recv_buffers + (size_t)i * UDP_SLOT_BYTES;
+        u->recv_iov[i].iov_len = UDP_SLOT_BYTES;
         u->recv_msgs[i].msg_hdr.msg_iov = &u->recv_iov[i];
         u->recv_msgs[i].msg_hdr.msg_iovlen = 1;
         u->recv_msgs[i].msg_hdr.msg_name = &u->recv_from[i];

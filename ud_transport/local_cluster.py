@@ -40,7 +40,7 @@ def enter_network_namespace(name):
         os.close(fd)
 
 
-def _worker(rank, world_size, port, netns, environment, init_options, connection):
+def _worker(rank, world_size, port, netns, environment, init_options, connection, store_host="127.0.0.1"):
     if netns:
         enter_network_namespace(netns)  # before any thread or socket exists
     os.environ.update(environment)
@@ -49,7 +49,7 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 
         import ud_transport
 
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0))
+        store = dist.TCPStore(store_host, port, world_size, is_master=(rank == 0))
         comm = ud_transport.init(rank, world_size, store=store, **init_options)
     except BaseException as error:  # report, do not hang the parent
         connection.send(("error", error, traceback.format_exc()))
@@ -71,14 +71,22 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 
 
 class LocalCluster:
-    def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, store_port=None, **init_options):
+    def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, store_port=None, hosts=None,
+                 **init_options):
+        """hosts: a ud_transport.hosts.Hosts with a host per rank; rank r then runs in hosts.namespaces[r]
+        with hosts.rank_environment(r) (store on host 0, its own bind address), instead of `netns`."""
         self.world_size = world_size
         context = multiprocessing.get_context("spawn")
         port = store_port or free_tcp_port()
         self.connections, self.processes = [], []
         for rank in range(world_size):
             parent, child = context.Pipe()
-            process = context.Process(target=_worker, args=(rank, world_size, port, netns, dict(environment or {}), init_options, child),
+            rank_netns, rank_environment, store_host = netns, dict(environment or {}), "127.0.0.1"
+            if hosts is not None:
+                rank_netns, store_host = hosts.namespaces[rank], hosts.addresses[0]
+                rank_environment.update(hosts.rank_environment(rank))
+            process = context.Process(target=_worker, args=(rank, world_size, port, rank_netns, rank_environment, init_options, child,
+                                                            store_host),
                                       daemon=True, name=f"ud_transport-rank{rank}")
             process.start()
             child.close()

@@ -1,0 +1,309 @@
+"""One stream of UDP datagrams between two hosts (network namespaces), with and without
+the kernel's batching (UDP GSO on send, UDP GRO on receive), at MTU 1500 and 9000.
+
+It compiles a small C program against native/transport_udp.c (the transport the library
+uses, nothing else of it) in a temporary directory, builds hosts with ud_transport.hosts,
+and runs the receiver in host 1 and the sender in host 0 for a few seconds per case. The
+sender sends as fast as the socket takes datagrams, in batches like the engine's; the
+receiver counts what arrived, in order, at the right size. Reported: GB/s delivered
+(header + payload bytes of datagrams the receiver got, per second), the median of
+--repeats runs, and what the sender offered.
+
+    python3 scripts/bench_wire.py                       # both MTUs, all variants
+    python3 scripts/bench_wire.py --mtu 1500 --variants plain,gso+gro --seconds 2
+    python3 scripts/bench_wire.py --fill                # payload a granted receive buffer holds
+
+Needs root (network namespaces) and a C compiler.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
+
+VARIANTS = {  # name -> environment of both programs
+    "plain": {"UD_UDP_GSO": "0", "UD_UDP_GRO": "0"},
+    "gso": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "0"},
+    "gro": {"UD_UDP_GSO": "0", "UD_UDP_GRO": "1"},
+    "gso+gro": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "1"},
+}
+HEADER_BYTES = 32  # the wire header's size; the program fills its first 8 bytes with a sequence number
+PORT_RECEIVER, PORT_SENDER = 47001, 47002
+
+PROGRAM = r'''
+/* One stream of datagrams through native/transport_udp.c, sender or receiver. */
+#define _GNU_SOURCE
+#include "transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void print_common(struct udt_transport *t)
+{
+    struct udt_udp_counters c;
+    char text[256];
+    udt_udp_counters(t, &c);
+    udt_udp_describe(t, text, sizeof text);
+    printf("\"transport\": \"%s\", \"features\": %u, \"receive_buffer_bytes\": %u, "
+           "\"send_calls\": %llu, \"send_messages\": %llu, \"send_gso_messages\": %llu, \"send_gso_datagrams\": %llu, "
+           "\"recv_calls\": %llu, \"recv_messages\": %llu, \"recv_gro_messages\": %llu, \"recv_gro_datagrams\": %llu",
+           text, udt_udp_features(t), udt_udp_receive_buffer_bytes(t), (unsigned long long)c.send_calls,
+           (unsigned long long)c.send_messages, (unsigned long long)c.send_gso_messages,
+           (unsigned long long)c.send_gso_datagrams, (unsigned long long)c.recv_calls,
+           (unsigned long long)c.recv_messages, (unsigned long long)c.recv_gro_messages,
+           (unsigned long long)c.recv_gro_datagrams);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 8) {
+        fprintf(stderr, "usage: %s send|recv|fill BIND PORT PEER PEER_PORT SECONDS DATAGRAM_BYTES [BATCH] [BUFFER]\n", argv[0]);
+        return 2;
+    }
+    const char *mode = argv[1];
+    double seconds = atof(argv[6]);
+    uint32_t datagram = (uint32_t)atoi(argv[7]);
+    int batch = argc > 8 ? atoi(argv[8]) : 64;
+    uint32_t buffer = argc > 9 ? (uint32_t)strtoul(argv[9], NULL, 0) : 64u << 20;
+    char error[256] = "";
+    struct udt_transport *t = udt_udp_open(argv[2], (uint16_t)atoi(argv[3]), buffer, error, sizeof error);
+    if (!t) {
+        fprintf(stderr, "%s\n", error);
+        return 1;
+    }
+    uint8_t peer[6];
+    inet_pton(AF_INET, argv[4], peer);
+    uint16_t peer_port = htons((uint16_t)atoi(argv[5]));
+    memcpy(peer + 4, &peer_port, 2);
+    udt_transport_set_peers(t, peer, 6, 1);
+    if (batch < 1 || batch > 512)
+        batch = 64;
+    if (datagram < 16 || datagram > t->max_datagram_bytes) {
+        fprintf(stderr, "datagram %u outside 16..%u\n", datagram, t->max_datagram_bytes);
+        return 2;
+    }
+
+    if (!strcmp(mode, "send")) {
+        enum { HEADER = 32 };
+        uint8_t *payload = calloc(1, datagram);
+        uint8_t(*headers)[HEADER] = calloc((size_t)batch, HEADER);
+        struct udt_send_item *items = calloc((size_t)batch, sizeof *items);
+        uint64_t sequence = 0, spins = 0;
+        double start = now(), end = start + seconds;
+        while (now() < end) {
+            for (int i = 0; i < batch; i++) {
+                uint64_t s = sequence + (uint64_t)i;
+                memcpy(headers[i], &s, sizeof s);
+                items[i] = (struct udt_send_item){.peer = 0, .header = headers[i], .header_bytes = HEADER,
+                                                  .payload = payload, .payload_bytes = datagram - HEADER};
+            }
+            int done = 0;
+            while (done < batch) {
+                int rc = udt_transport_send(t, items + done, batch - done);
+                if (rc < 0) {
+                    fprintf(stderr, "send: %s\n", t->error);
+                    return 1;
+                }
+                done += rc;
+                if (rc == 0) {
+                    spins++;
+                    sched_yield();
+                }
+            }
+            sequence += (uint64_t)batch;
+        }
+        double elapsed = now() - start;
+        printf("{\"mode\": \"send\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, \"full_spins\": %llu, ",
+               (unsigned long long)sequence, (unsigned long long)sequence * datagram, elapsed,
+               sequence * (double)datagram / elapsed / 1e9, (unsigned long long)spins);
+        print_common(t);
+        printf("}\n");
+        return 0;
+    }
+
+    /* recv: count until `seconds` of traffic, or 0.3 s of silence after traffic */
+    /* fill: count what the buffer held when the sender had already finished */
+    struct udt_recv_item items[64];
+    uint64_t datagrams = 0, bytes = 0, expected = 0, gaps = 0, reordered = 0, wrong_size = 0, foreign = 0;
+    double first = 0, last = 0, began = now();
+    int fill = !strcmp(mode, "fill");
+    if (fill) {
+        /* wait until the sender is done: the sender's end is signalled by 0.5 s of nothing new in the queue */
+        struct timespec pause = {.tv_sec = (time_t)seconds, .tv_nsec = (long)((seconds - (time_t)seconds) * 1e9)};
+        nanosleep(&pause, NULL);
+    }
+    for (;;) {
+        int got = udt_transport_recv(t, items, 64);
+        double at = now();
+        if (got < 0) {
+            fprintf(stderr, "recv: %s\n", t->error);
+            return 1;
+        }
+        for (int i = 0; i < got; i++) {
+            if (items[i].peer != 0) {
+                foreign++;
+                continue;
+            }
+            uint64_t s;
+            memcpy(&s, items[i].data, sizeof s);
+            if (items[i].bytes != datagram)
+                wrong_size++;
+            if (s > expected)
+                gaps += s - expected;
+            if (s < expected)
+                reordered++;
+            else
+                expected = s + 1;
+            datagrams++;
+            bytes += items[i].bytes;
+        }
+        if (got > 0) {
+            if (!first)
+                first = at;
+            last = at;
+            if (!fill && at - first >= seconds)
+                break;
+            continue;
+        }
+        if (first && at - last > (fill ? 0.05 : 0.3))
+            break;
+        if (!first && at - began > 30)
+            break;
+        udt_transport_wait(t, 1000);
+    }
+    double elapsed = last > first ? last - first : 1e-9;
+    printf("{\"mode\": \"%s\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, "
+           "\"lost_before_last\": %llu, \"reordered\": %llu, \"wrong_size\": %llu, \"foreign\": %llu, ",
+           mode, (unsigned long long)datagrams, (unsigned long long)bytes, elapsed, bytes / elapsed / 1e9,
+           (unsigned long long)gaps, (unsigned long long)reordered, (unsigned long long)wrong_size, (unsigned long long)foreign);
+    print_common(t);
+    printf("}\n");
+    return 0;
+}
+'''
+
+
+def build(directory):
+    source = os.path.join(directory, "wire_stream.c")
+    with open(source, "w") as out:
+        out.write(PROGRAM)
+    binary = os.path.join(directory, "wire_stream")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        sys.exit("bench_wire: needs a C compiler (cc or gcc)")
+    subprocess.run([compiler, "-O2", "-std=gnu11", "-Wall", "-I", os.path.join(ROOT, "native"), source,
+                    os.path.join(ROOT, "native", "transport_udp.c"), "-o", binary], check=True)
+    return binary
+
+
+def one_run(hosts, binary, variant, seconds, datagram, batch, buffer_bytes):
+    environment = {**os.environ, **VARIANTS[variant]}
+    receiver = hosts.popen(1, [binary, "recv", hosts.addresses[1], str(PORT_RECEIVER), hosts.addresses[0],
+                               str(PORT_SENDER), str(seconds), str(datagram), str(batch), str(buffer_bytes)],
+                           stdout=subprocess.PIPE, env=environment, text=True)
+    time.sleep(0.2)
+    sender = hosts.run(0, [binary, "send", hosts.addresses[0], str(PORT_SENDER), hosts.addresses[1],
+                           str(PORT_RECEIVER), str(seconds + 0.5), str(datagram), str(batch), str(buffer_bytes)],
+                       capture_output=True, env=environment, text=True, check=True)
+    out, _ = receiver.communicate(timeout=seconds + 40)
+    return json.loads(sender.stdout), json.loads(out)
+
+
+def fill_run(hosts, binary, variant, datagram, buffer_bytes):
+    """The sender sends 1 s while the receiver sleeps; then the receiver drains what its buffer held."""
+    environment = {**os.environ, **VARIANTS[variant]}
+    receiver = hosts.popen(1, [binary, "fill", hosts.addresses[1], str(PORT_RECEIVER), hosts.addresses[0],
+                               str(PORT_SENDER), "1.5", str(datagram), "64", str(buffer_bytes)],
+                           stdout=subprocess.PIPE, env=environment, text=True)
+    time.sleep(0.2)
+    hosts.run(0, [binary, "send", hosts.addresses[0], str(PORT_SENDER), hosts.addresses[1], str(PORT_RECEIVER),
+                  "0.5", str(datagram), "64", str(buffer_bytes)], capture_output=True, env=environment, check=True)
+    out, _ = receiver.communicate(timeout=60)
+    return json.loads(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mtu", default="1500,9000")
+    parser.add_argument("--variants", default="plain,gso,gro,gso+gro")
+    parser.add_argument("--wire", default="segmented,offload",
+                        help="segmented: MTU-sized packets on the links, GRO at the receiver (like NICs); "
+                             "offload: veth defaults (super-packets cross whole)")
+    parser.add_argument("--switch", action="store_true", help="through a bridge (default: one veth pair)")
+    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32, help="send items per send_batch call (the engine uses 32)")
+    parser.add_argument("--buffer-bytes", type=int, default=64 << 20, help="socket buffer asked for")
+    parser.add_argument("--fill", action="store_true",
+                        help="instead: how many datagrams a receive buffer holds when nobody reads it")
+    parser.add_argument("--json", help="write every run here")
+    args = parser.parse_args(argv)
+    reason = unavailable_reason()
+    if reason:
+        print(f"bench_wire: skipped: {reason}")
+        return 0
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench_wire-") as directory:
+        binary = build(directory)
+        for mtu in [int(m) for m in args.mtu.split(",")]:
+            datagram = mtu - 28
+            for wire in args.wire.split(","):
+                with Hosts(2, mtu=mtu, switch=args.switch, wire=wire) as hosts:
+                    print(f"# {hosts.describe()}; datagrams of {datagram} bytes, sends in batches of {args.batch}",
+                          flush=True)
+                    if args.fill:
+                        print(f"{'variant':>8} {'rcvbuf granted':>14} {'datagrams held':>14} {'bytes held':>11} "
+                              f"{'held/granted':>12}")
+                    else:
+                        print(f"{'variant':>8} {'GB/s recv':>9} {'runs':>23} {'GB/s sent':>9} {'delivered%':>10} "
+                              f"{'dgrams/send msg':>15} {'dgrams/recv msg':>15}")
+                    for variant in args.variants.split(","):
+                        if args.fill:
+                            got = fill_run(hosts, binary, variant, datagram, args.buffer_bytes)
+                            runs.append(dict(mtu=mtu, wire=wire, variant=variant, fill=got))
+                            print(f"{variant:>8} {got['receive_buffer_bytes']:>14} {got['datagrams']:>14} "
+                                  f"{got['bytes']:>11} {got['bytes'] / got['receive_buffer_bytes']:>12.3f}", flush=True)
+                            continue
+                        results = [one_run(hosts, binary, variant, args.seconds, datagram, args.batch, args.buffer_bytes)
+                                   for _ in range(args.repeats)]
+                        runs.append(dict(mtu=mtu, wire=wire, variant=variant, runs=results))
+                        received = [r["gbytes_per_s"] for _, r in results]
+                        sent = [s["gbytes_per_s"] for s, _ in results]
+                        delivered = [r["datagrams"] / max(r["datagrams"] + r["lost_before_last"], 1) for _, r in results]
+                        send_ratio = statistics.median(s["send_gso_datagrams"] / max(s["send_gso_messages"], 1)
+                                                       if s["send_gso_messages"] else 1.0 for s, _ in results)
+                        recv_ratio = statistics.median(r["datagrams"] / max(r["recv_messages"], 1) for _, r in results)
+                        bad = sum(r["wrong_size"] + r["reordered"] + r["foreign"] for _, r in results)
+                        print(f"{variant:>8} {statistics.median(received):>9.3f} "
+                              f"{'/'.join(f'{x:.2f}' for x in received):>23} {statistics.median(sent):>9.3f} "
+                              f"{100 * statistics.median(delivered):>10.2f} {send_ratio:>15.1f} {recv_ratio:>15.1f}"
+                              + (f"   {bad} datagrams reordered, of a wrong size or foreign!" if bad else ""), flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(dict(arguments=vars(args), runs=runs), out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
