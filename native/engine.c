@@ -25,7 +25,7 @@
 /* credits are handed out at most this many receive steps ahead (the window
  * usually runs out first) */
 #define CREDIT_LOOKAHEAD_STEPS 64
-/* a sender looks at most this many unfinished steps ahead of its lowest */
+/* a sender looks at most this many steps past its lowest unfinished one */
 #define SEND_LOOKAHEAD_STEPS 64
 
 static uint64_t monotonic_ns(void)
@@ -128,6 +128,7 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         return 0; /* nothing moved and no refresh is due */
     c->credits_walked_ns = now;
     c->credits_dirty = 0;
+    comm->credit_epoch++;
     int32_t touched[CREDIT_LOOKAHEAD_STEPS];
     int touched_count = 0;
     uint32_t budget = c->window_chunks;
@@ -142,10 +143,8 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         uint32_t take = room < budget ? room : budget;
         budget -= take;
         struct peer_state *peer = &comm->peers[p];
-        int first_touch = 1;
-        for (int i = 0; i < touched_count; i++)
-            first_touch &= touched[i] != p;
-        if (first_touch) {
+        if (peer->wanted_epoch != comm->credit_epoch) { /* first step of this sender in this walk */
+            peer->wanted_epoch = comm->credit_epoch;
             touched[touched_count++] = p;
             peer->wanted = 0;
         }
@@ -275,9 +274,9 @@ static int send_some(struct call *c)
     struct send_batch b;
     b.n = 0;
     int progressed = 0, rc;
-    uint32_t looked = 0;
     comm->send_epoch++;
-    for (uint32_t g = c->send_step; g < c->schedule.steps && b.n < SEND_BATCH && looked < SEND_LOOKAHEAD_STEPS; g++) {
+    uint32_t end = c->send_step + SEND_LOOKAHEAD_STEPS < c->schedule.steps ? c->send_step + SEND_LOOKAHEAD_STEPS : c->schedule.steps;
+    for (uint32_t g = c->send_step; g < end && b.n < SEND_BATCH; g++) {
         const struct udt_step *step = &c->step[g];
         struct step_state *state = &c->state[g];
         if (state->send_done)
@@ -287,7 +286,6 @@ static int send_some(struct call *c)
             progressed = 1;
             continue;
         }
-        looked++;
         struct peer_state *peer = &comm->peers[step->send_peer];
         if (peer->send_blocked_epoch == comm->send_epoch)
             continue; /* an earlier step to the same receiver is not done */

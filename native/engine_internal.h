@@ -37,6 +37,7 @@ struct peer_state {
     uint32_t credit_limit;   /* we may send it positions below this */
     uint32_t granted;        /* the last credit we sent it */
     uint32_t wanted;         /* scratch of grant_credits */
+    uint32_t wanted_epoch;
     uint64_t granted_at_ns;
     uint32_t highest_step_seen; /* +1, of data or END it sent us */
     uint8_t heard;              /* anything valid from it during this call */
@@ -99,6 +100,7 @@ struct call {
     uint64_t verdict_started_ns, decided_ns;
     uint64_t answered_ns;        /* when we last answered a peer's verdict message */
     uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
+    uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
     int decided;
     uint32_t status;             /* decided status */
 };
@@ -108,7 +110,7 @@ struct udt_comm {
     uint32_t rank, world_size;
     uint64_t session_id;
     uint32_t sequence; /* of the last call started */
-    uint32_t send_epoch;
+    uint32_t send_epoch, credit_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;
     /* our own verdict of the previous call, to answer peers still in it */

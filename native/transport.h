@@ -129,4 +129,11 @@ struct udt_verbs_config {
 };
 struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char *error, int error_bytes);
 
+/* In-memory network of N endpoints in one process (the simulator's): instant,
+ * in-order delivery; endpoint i's peer j is endpoint j. */
+struct udt_memory_network;
+struct udt_memory_network *udt_memory_network_create(uint32_t world_size, uint32_t max_datagram_bytes);
+void udt_memory_network_destroy(struct udt_memory_network *network);
+struct udt_transport *udt_memory_open(struct udt_memory_network *network, uint32_t rank);
+
 #endif

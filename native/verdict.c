@@ -117,6 +117,7 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
     c->verdict_started_ns = now;
     for (uint32_t p = 0; p < c->n; p++)
         comm->peers[p].verdict_resend_ns = now; /* everyone is due at once */
+    c->verdict_resend_due_ns = now;
 }
 
 void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
@@ -281,6 +282,8 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             if (comm->peers[p].verdict_resend_ns > now + base)
                 comm->peers[p].verdict_resend_ns = now + base;
         }
+        if (c->verdict_resend_due_ns > now + base)
+            c->verdict_resend_due_ns = now + base;
     }
     /* Done once everyone holds our verdict. If we have just answered a peer
      * and this call has seen loss, stay a few resend intervals to answer
@@ -294,6 +297,14 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         return 1;
     }
     uint64_t next = c->verdicts_acked >= others && answer_wait_end < c->hard_deadline_ns ? answer_wait_end : c->hard_deadline_ns;
+    if (now < c->verdict_resend_due_ns) { /* no resend is due: skip the walk over all peers */
+        if (c->verdict_resend_due_ns < next)
+            next = c->verdict_resend_due_ns;
+        if (next < *wake)
+            *wake = next;
+        return progressed;
+    }
+    uint64_t due = UINT64_MAX;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (p == c->rank)
@@ -310,9 +321,12 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++);
             progressed = 1;
         }
-        if (peer->verdict_resend_ns < next)
-            next = peer->verdict_resend_ns;
+        if (peer->verdict_resend_ns < due)
+            due = peer->verdict_resend_ns;
     }
+    c->verdict_resend_due_ns = due;
+    if (due < next)
+        next = due;
     if (next < *wake)
         *wake = next;
     return progressed;

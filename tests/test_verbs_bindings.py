@@ -114,7 +114,7 @@ def test_settings_come_from_options_then_the_environment(monkeypatch):
 def test_receive_queue_covers_the_window(caplog):
     default = options.build()
     # 8 MiB of 4048-byte chunks, plus slack for control datagrams
-    assert transports.receive_depth(default, 4096, 32767) == (8 << 20) // 4048 + transports.RECEIVE_SLACK
+    assert transports.receive_depth(default, 4096, 32767) == default.window_bytes // 4048 + transports.RECEIVE_SLACK
     small = options.build(chunk_bytes=256, window_bytes=256 << 10)
     assert transports.receive_depth(small, 300, 32767) == 1024 + transports.RECEIVE_SLACK
     assert transports.receive_depth(options.build(receive_depth=777), 4096, 32767) == 777

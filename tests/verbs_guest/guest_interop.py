@@ -18,33 +18,31 @@ import threading
 import numpy as np
 import pytest
 
+import wire_format
 from conftest import skip_or_fail
 from ud_transport import Communicator, _native as native, options as options_module
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 PEER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyverbs_peer.py")
 
-# ---- the wire format, from its specification ------------------------------------------------
-HEADER = struct.Struct("<IBBBBQIHHIHHIII")  # magic version kind phase flags session sequence step
-MAGIC, VERSION = 0x31544455, 1               # source chunk contributions silent payload layout credit
-DATA, END, CREDIT = 1, 2, 3
-REDUCE_SCATTER, ALL_GATHER = 0, 1
-NO_RANK = 0xFFFF
-assert HEADER.size == 44
+# ---- the wire format, from its specification (tests/wire_format.py) ---------------------------
+HEADER = wire_format.HEADER  # magic version kind phase flags session sequence step source chunk
+MAGIC, VERSION = wire_format.MAGIC, wire_format.VERSION  # contributions reserved payload layout credit
+DATA, END, CREDIT, AGREE = wire_format.KIND_DATA, wire_format.KIND_END, wire_format.KIND_CREDIT, wire_format.KIND_AGREE
+REDUCE_SCATTER, ALL_GATHER = 0, 1  # the phase byte: first and second half of the schedule
+HAVE_YOURS = 1
 
 
 def header(kind, session, sequence=1, phase=0, step=0, source=0, chunk=0, contributions=0, payload_bytes=0,
-           layout=0, credit=0, silent=NO_RANK, magic=MAGIC, version=VERSION, flags=0):
-    return HEADER.pack(magic, version, kind, phase, flags, session, sequence, step, source, chunk, contributions,
-                       silent, payload_bytes, layout, credit)
+           layout=0, credit=0, flags=0):
+    return wire_format.header(kind=kind, session_id=session, sequence=sequence, source_rank=source, phase=phase,
+                              step=step, chunk_index=chunk, contributions=contributions, payload_bytes=payload_bytes,
+                              layout=layout, credit=credit, flags=flags)
 
 
-def layout_tag(count, dtype_code, op_code, chunk_bytes, estimator_code):
-    """FNV-1a over the five fields as little-endian uint64 (see layout_tag_of in the engine)."""
-    value = 2166136261
-    for byte in struct.pack("<5Q", count, dtype_code, op_code, chunk_bytes, estimator_code):
-        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
-    return value
+def verdict(reduce_weighted, fresh_elements, loss_budget):
+    """An AGREE payload: no cause, agree value 0, this rank's counts, its budget."""
+    return struct.pack("<IIQQd", 0, 0, reduce_weighted, fresh_elements, loss_budget)
 
 
 # ---- the pyverbs process --------------------------------------------------------------------
@@ -143,7 +141,7 @@ CHUNK_ELEMENTS = CHUNK_BYTES // 4
 
 def segment_chunks(count, world, segment):
     """[(chunk index, first element, element count)] of a segment."""
-    start, end = native.segment_start(count, world, segment), native.segment_start(count, world, segment + 1)
+    start, end = native.block_start(count, world, segment), native.block_start(count, world, segment + 1)
     return [(i, first, min(CHUNK_ELEMENTS, end - first)) for i, first in enumerate(range(start, end, CHUNK_ELEMENTS))]
 
 
@@ -160,29 +158,30 @@ def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoi
     assert ours["qkey"] == qkey and ours["gid"] == endpoint["gid"]
     to_us = {"dgid": ours["gid"].hex(), "dqpn": ours["qpn"], "qkey": qkey}
 
-    world, sequence, rotation = 2, 1, 1 % 2
-    actual = lambda virtual: (virtual + rotation) % world  # noqa: E731 - the engine's segment rotation
-    rs_to_us = actual(native.recv_segment(1, world, 0))
-    assert rs_to_us == actual(native.send_segment(0, world, 0))
-    ag_to_us = actual(native.recv_segment(1, world, 1))
-    rs_from_us, ag_from_us = actual(native.send_segment(1, world, 0)), actual(native.send_segment(1, world, 1))
-    layout = layout_tag(COUNT, 0, 0, CHUNK_BYTES, 0)
+    world, sequence = 2, 1
+    # at two ranks "auto" runs the ring; blocks are rotated by the call's sequence number
+    _, ours_steps = native.schedule(native.COLLECTIVE_ALLREDUCE, native.ALGORITHM_RING, 1, world, 0, sequence % world)
+    theirs_summary, theirs_steps = native.schedule(native.COLLECTIVE_ALLREDUCE, native.ALGORITHM_RING, 0, world, 0, sequence % world)
+    rs_to_us, ag_to_us = ours_steps[0]["recv_block"], ours_steps[1]["recv_block"]
+    assert rs_to_us == theirs_steps[0]["send_block"]
+    rs_from_us, ag_from_us = ours_steps[0]["send_block"], ours_steps[1]["send_block"]
+    layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm="ring")
     mine, theirs = rank_input(1), rank_input(0)
     total = mine + theirs
 
-    def data(phase, segment, values, contributions, source):
+    def data(phase, segment, values, contributions, source):  # phase 0 is step 0, phase 1 step 1 at two ranks
         chunks = segment_chunks(COUNT, world, segment)
-        return [header(DATA, session, sequence, phase, 0, source, index, contributions, 4 * n, layout, len(chunks))
+        return [header(DATA, session, sequence, phase, phase, source, index, contributions, 4 * n, layout, len(chunks))
                 + values[first:first + n].tobytes() for index, first, n in chunks]
 
     def end(phase, source):
-        return header(END, session, sequence, phase, 0, source, layout=layout)
+        return header(END, session, sequence, phase, phase, source, layout=layout)
 
     first_rs = data(REDUCE_SCATTER, rs_to_us, theirs, 1, 0)[0]
     garbage = {
         "foreign": [
             struct.pack("<I", 0xDEADBEEF) + first_rs[4:],                       # wrong magic
-            first_rs[:4] + bytes([2]) + first_rs[5:],                           # wrong version
+            first_rs[:4] + bytes([VERSION + 1]) + first_rs[5:],                 # wrong version
             first_rs[:8] + struct.pack("<Q", session ^ 1) + first_rs[16:],      # another session
             first_rs[:22] + struct.pack("<H", 1) + first_rs[24:],               # claims to be rank 1 (us)
             bytes(range(100)),                                                  # noise
@@ -219,6 +218,13 @@ def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoi
     assert peer.ask(op="wait_for", prefix=our_rs_end[:24].hex(), timeout=30)["found"]
     ag = data(ALL_GATHER, ag_to_us, total, 2, 0)
     assert peer.send([dict(to_us, hex=d.hex()) for d in ag] + [dict(to_us, hex=end(ALL_GATHER, 0).hex())] * 3)
+    # the verdict round: once our verdict came, answer with the peer's own, acknowledging ours
+    our_verdict = header(AGREE, session, sequence, source=1)[:6]
+    assert peer.ask(op="wait_for", prefix=our_verdict.hex(), timeout=30)["found"]
+    owned = theirs_summary["owned_block"]  # its shard holds both contributions: world x its length
+    theirs_verdict = verdict(world * (COUNT * (owned + 1) // world - COUNT * owned // world), COUNT, 0.0)
+    answer = header(AGREE, session, sequence, source=0, payload_bytes=len(theirs_verdict), layout=layout, flags=HAVE_YOURS)
+    assert peer.send([dict(to_us, hex=(answer + theirs_verdict).hex())] * 3)
     thread.join(60)
     received = peer.ask(op="collect", idle=1.5)["received"]
     communicator.close()
@@ -240,7 +246,8 @@ def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoi
     assert sorted(sent_data) == sorted(expected)
     for datagram in from_us:
         fields = HEADER.unpack_from(datagram)
-        assert fields[0] == MAGIC and fields[1] == VERSION and fields[4] == 0 and fields[5] == session
+        assert fields[0] == MAGIC and fields[1] == VERSION and fields[5] == session
+        assert fields[4] == 0 or fields[2] == AGREE
         if fields[2] in (END, CREDIT):
             assert len(datagram) == 44 and fields[12] == 0 and fields[8] == 1  # no payload; source rank 1
     assert any(HEADER.unpack_from(d)[2] == CREDIT for d in from_us)

@@ -1,0 +1,169 @@
+/* The simulator's driver: start a call on every engine, sweep them until all
+ * are over, and jump the virtual clock to the earliest timer whenever a
+ * sweep moved nothing. */
+#include "simulate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "elementwise.h"
+
+#define SIM_HEADER_BYTES 44u
+#define SWEEP_LIMIT 50000000ull
+
+static uint64_t splitmix(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double normal(uint64_t *state)
+{
+    double u = ((double)(splitmix(state) >> 11) + 0.5) * 0x1.0p-53, v = (double)(splitmix(state) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+struct sim_rank {
+    struct udt_comm *comm;
+    double *input, *output;
+    struct udt_collective_stats stats;
+    int over;
+};
+
+static void release(struct sim_rank *ranks, uint32_t n, struct udt_memory_network *net, double *signal)
+{
+    if (ranks)
+        for (uint32_t r = 0; r < n; r++) {
+            udt_comm_destroy(ranks[r].comm);
+            free(ranks[r].input);
+            free(ranks[r].output);
+        }
+    free(ranks);
+    free(signal);
+    udt_memory_network_destroy(net);
+}
+
+int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *out, char *error, int error_bytes)
+{
+    uint32_t n = sim->world_size;
+    uint64_t count = sim->count;
+    struct udt_memory_network *net = udt_memory_network_create(n, sim->chunk_bytes + SIM_HEADER_BYTES);
+    struct sim_rank *ranks = calloc(n, sizeof *ranks);
+    double *signal = malloc((count ? count : 1) * sizeof *signal);
+    if (!net || !ranks || !signal) {
+        release(ranks, n, net, signal);
+        snprintf(error, (size_t)error_bytes, "out of memory");
+        return -1;
+    }
+    struct udt_engine_options options = {.chunk_bytes = sim->chunk_bytes, .window_bytes = 16u << 20, .end_repeats = 3,
+                                         .credit_refresh_us = 2000, .reorder_grace_us = 200, .busy_poll_us = 0,
+                                         .idle_close_us = 20000, .agree_resend_us = 1000};
+    for (uint32_t r = 0; r < n; r++) {
+        struct udt_transport *t = udt_memory_open(net, r);
+        if (t && sim->loss.kind != UDT_LOSS_NONE) {
+            struct udt_loss_model model = sim->loss;
+            model.seed = sim->seed * 1000003ull + r;
+            struct udt_transport *wrapped = udt_lossy_wrap(t, &model);
+            if (!wrapped)
+                udt_transport_destroy(t);
+            t = wrapped;
+        }
+        ranks[r].input = malloc((count ? count : 1) * sizeof(double));
+        ranks[r].output = malloc((count ? count : 1) * sizeof(double));
+        ranks[r].comm = t ? udt_comm_create(t, r, n, 0x5151u, &options, error, error_bytes) : NULL;
+        if (!ranks[r].comm || !ranks[r].input || !ranks[r].output) {
+            if (t && !ranks[r].comm)
+                udt_transport_destroy(t);
+            release(ranks, n, net, signal);
+            if (!t)
+                snprintf(error, (size_t)error_bytes, "out of memory");
+            return -1;
+        }
+    }
+    uint64_t rng = sim->seed ^ 0xabcdefull;
+    uint64_t now = 1000000000ull;
+    for (uint32_t call = 0; call < sim->calls; call++) {
+        for (uint64_t i = 0; i < count; i++)
+            signal[i] = normal(&rng);
+        double exact_squares = 0;
+        for (uint32_t r = 0; r < n; r++)
+            for (uint64_t i = 0; i < count; i++) {
+                ranks[r].input[i] = signal[i] + sim->noise * normal(&rng);
+                ranks[r].output[i] = ranks[r].input[i];
+            }
+        /* the exact sum, kept in `signal` */
+        for (uint64_t i = 0; i < count; i++) {
+            double total = 0;
+            for (uint32_t r = 0; r < n; r++)
+                total += ranks[r].input[i];
+            signal[i] = total;
+            exact_squares += total * total;
+        }
+        double exact_rms = count ? sqrt(exact_squares / (double)count) : 1.0;
+        struct udt_collective_args args = {.collective = sim->collective, .algorithm = sim->algorithm, .count = count,
+                                           .dtype = UDT_FLOAT64, .op = UDT_OP_SUM, .estimator = sim->estimator,
+                                           .loss_budget = sim->loss_budget, .deadline_s = sim->deadline_s};
+        for (uint32_t r = 0; r < n; r++) {
+            args.input = ranks[r].input;
+            args.output = ranks[r].output;
+            if (udt_call_start(ranks[r].comm, &args, &ranks[r].stats, now) != UDT_OK) {
+                snprintf(error, (size_t)error_bytes, "rank %u: %s", r, udt_comm_error(ranks[r].comm));
+                release(ranks, n, net, signal);
+                return -1;
+            }
+            ranks[r].over = 0;
+        }
+        uint32_t remaining = n;
+        uint64_t sweeps = 0;
+        while (remaining > 0) {
+            int progressed = 0;
+            uint64_t earliest = UINT64_MAX;
+            for (uint32_t r = 0; r < n; r++) {
+                if (ranks[r].over)
+                    continue;
+                uint64_t wake = UINT64_MAX;
+                int rc = udt_call_progress(ranks[r].comm, now, &wake);
+                if (rc < 0) {
+                    snprintf(error, (size_t)error_bytes, "rank %u: transport error %d", r, rc);
+                    release(ranks, n, net, signal);
+                    return -1;
+                }
+                if (rc == 2) {
+                    ranks[r].over = 1;
+                    remaining--;
+                    out[(size_t)call * n + r].status = udt_call_finish(ranks[r].comm, now);
+                    progressed = 1;
+                    continue;
+                }
+                progressed |= rc;
+                if (wake < earliest)
+                    earliest = wake;
+            }
+            if (!progressed)
+                now = earliest != UINT64_MAX && earliest > now ? earliest : now + 1000;
+            if (++sweeps > SWEEP_LIMIT) {
+                snprintf(error, (size_t)error_bytes, "call %u did not end after %llu sweeps", call, (unsigned long long)sweeps);
+                release(ranks, n, net, signal);
+                return -1;
+            }
+        }
+        for (uint32_t r = 0; r < n; r++) {
+            struct udt_simulated_call *row = &out[(size_t)call * n + r];
+            row->stats = ranks[r].stats;
+            row->error_sum = row->error_squares = 0;
+            if (sim->collective == UDT_ALLREDUCE && row->status == UDT_OK)
+                for (uint64_t i = 0; i < count; i++) {
+                    double e = (ranks[r].output[i] - signal[i]) / exact_rms;
+                    row->error_sum += e;
+                    row->error_squares += e * e;
+                }
+        }
+        now += 1000000; /* the next call starts a millisecond later */
+    }
+    release(ranks, n, net, signal);
+    return 0;
+}
