@@ -347,14 +347,18 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
         return DROP_INVALID;
     uint64_t elements = chunk_length(c, block, h->chunk_index);
     uint64_t id = c->chunk_base[block] + h->chunk_index;
-    uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
     if (h->payload_bytes != elements * c->wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
-        h->contributions == 0 || h->contributions > most || h->credit > chunks_in_block(c, block))
+        h->contributions == 0 || h->credit > chunks_in_block(c, block))
         return DROP_INVALID;
     if (c->state[h->step].closed)
         return DROP_STALE;
     if (c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] & (1u << (h->chunk_index % 8)))
         return DROP_DUPLICATE;
+    /* after the duplicate check: a chunk several senders add to (direct) may be full already
+     * because a forged copy got in first; the real one is then a duplicate, not malformed */
+    uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
+    if (h->contributions > most)
+        return DROP_INVALID;
     if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;

@@ -27,7 +27,8 @@ struct udt_simulation {
 struct udt_simulated_call {
     int32_t status;
     struct udt_collective_stats stats;
-    double error_sum;          /* allreduce: sum over elements of (result - exact), in units of the exact RMS */
+    double error_sum;          /* allreduce: sum over elements of (result - exact) * exact / exact RMS^2: the bias
+                                * as a share of the exact value (zero fill shows the missing share, negative) */
     double error_squares;      /* allreduce: sum over elements of ((result - exact) / exact RMS)^2 */
 };
 

@@ -10,8 +10,10 @@ Per (world, loss, algorithm): the agreed reduce and gather fractions (mean and
 agreed fractions of calls run with budget 1.0 so that every result can be
 measured), "split": calls whose ranks reached different statuses,
 the critical path in hops, and the bias and spread of the allreduce result
-for both hole fills (unbiased: a rank's own partial rescaled; zero_fill),
-relative to the exact sum's RMS. Writes simulation.md, simulation.csv and
+for both hole fills (unbiased: a rank's own partial rescaled; zero_fill):
+bias = mean of (result - exact) * exact / RMS(exact)^2, the share by which the
+result shrinks (zero fill) or grows; rms err = RMS(result - exact) / RMS(exact).
+Inputs: a signal all ranks share plus as much noise of each rank's own. Writes simulation.md, simulation.csv and
 simulation.png to --out."""
 import argparse
 import csv
