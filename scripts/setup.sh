@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   libibverbs-dev ibverbs-providers ibverbs-utils perftest python3-pyverbs  # verbs build, rxe provider, interop peer
   iproute2 nftables                                                         # kernel-level packet loss in a namespace
-  qemu-system-x86 kmod                                                      # the SoftRoCE rig's guest
+  qemu-system-x86 kmod cpio                                                 # the SoftRoCE rig's guest (cpio: its archive cross-check)
 )
 missing=()
 for package in "${APT_PACKAGES[@]}"; do

@@ -8,7 +8,7 @@ import pytest
 import tasks
 from conftest import get_cluster
 
-WORLD_SIZES = [1, 2, 3, 4, 5]
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 CHUNK_BYTES = 24  # 6 float32 per datagram: small inputs exercise the multi-chunk path
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32"]
 

@@ -23,7 +23,7 @@ def counts(world):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32"])
 def test_reduce_scatter_exact(world, dtype, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
@@ -42,7 +42,7 @@ def test_reduce_scatter_exact(world, dtype, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "float64"])
 def test_all_gather_exact(world, dtype, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
@@ -57,7 +57,7 @@ def test_all_gather_exact(world, dtype, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
 def test_broadcast_exact_from_every_root(world, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for root in range(world):
