@@ -83,9 +83,9 @@ def address_of(comm):
     return comm.address, comm.chunk_bytes
 
 
-def stats_after_allreduce(comm, count, deadline):
+def stats_after_allreduce(comm, count, deadline, algorithm=None):
     tensor = np.full(count, comm.rank + 1, dtype=np.float32)
-    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline, algorithm=algorithm)
     return tensor, stats
 
 

@@ -1,10 +1,11 @@
 """Strangers are dropped, not trusted: garbage, foreign, truncated, stale and
-duplicate datagrams arrive during real allreduces; results stay exact and
-every drop is counted."""
+duplicate datagrams arrive during real collectives; results stay exact and
+every drop is counted, in the counter its kind belongs to, on every rank."""
 import os
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conftest import get_cluster, skip_or_fail
 from ud_transport import _native
 
 WORLD, COUNT, CHUNK_BYTES = 3, 3000, 256
+DROP_COUNTERS = ("dropped_stale", "dropped_duplicate", "dropped_foreign", "dropped_invalid", "dropped_early")
 
 
 def address(raw):
@@ -25,21 +27,51 @@ def expected():
     return WORLD * (WORLD + 1) / 2
 
 
-def test_garbage_from_strangers_is_dropped_and_counted():
+def drops(stats):
+    return {name: getattr(stats, name) for name in DROP_COUNTERS}
+
+
+def quiet_call(cluster, algorithm=None):
+    """Calls until one sees no drop on any rank: whatever earlier tests left
+    queued in the sockets is read and counted by then. Returns its stats."""
+    for _ in range(500):
+        per_rank = [stats for _, stats in cluster.run(tasks.stats_after_allreduce, COUNT, 10.0, algorithm)]
+        if not any(any(drops(stats).values()) for stats in per_rank):
+            return per_rank
+    pytest.fail("the sockets never went quiet")
+
+
+def stranger_datagrams(rng, session):
+    """One round of datagrams from an address that is no rank's:
+    (datagram, counter it must land in)."""
+    out = [(rng.bytes(size), "dropped_invalid") for size in (0, 1, 43)]  # shorter than a header
+    out += [(rng.bytes(size), "dropped_foreign") for size in (44, 300, 1500)]  # random magic
+    # a well-formed header from another job (wrong session), and one with our session but a stranger's address
+    out.append((wire_format.header(kind=1, session_id=session ^ 0x5A5A, sequence=1, source_rank=2) + bytes(16),
+                "dropped_foreign"))
+    out.append((wire_format.header(kind=1, session_id=session, sequence=1, source_rank=1) + bytes(16), "dropped_foreign"))
+    return out
+
+
+def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
-    target = address(cluster.run(tasks.address_of, ranks=[0])[0][0])
+    targets = [address(a) for a, _ in cluster.run(tasks.address_of)]
+    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    quiet_call(cluster)
     stop = threading.Event()
-    sent = [0]
+    sent = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
 
     def flood():
         rng = np.random.default_rng(0)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
-            while not stop.is_set():
-                for size in (0, 1, 43, 44, 300, 1500):
-                    stranger.sendto(rng.bytes(size), target)
-                # well-formed header, wrong session: a datagram from another job
-                stranger.sendto(wire_format.header(kind=1, session_id=12345, sequence=1, source_rank=2) + bytes(16), target)
-                sent[0] += 7
+            for _ in range(400):  # bounded: the socket buffers hold all of it even if a rank is slow
+                if stop.is_set():
+                    break
+                for rank, target in enumerate(targets):
+                    for datagram, counter in stranger_datagrams(rng, session):
+                        stranger.sendto(datagram, target)
+                        sent[rank][counter] += 1
+                time.sleep(0.002)
 
     flooder = threading.Thread(target=flood, daemon=True)
     flooder.start()
@@ -48,12 +80,18 @@ def test_garbage_from_strangers_is_dropped_and_counted():
     finally:
         stop.set()
         flooder.join()
-    dropped = 0
-    for per_rank in outcomes:
-        for tensor, stats in per_rank:
-            assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0
-        dropped += per_rank[0][1].dropped_invalid + per_rank[0][1].dropped_foreign
-    assert sent[0] > 0 and dropped > 0
+    # one more call reads what arrived after the last one: a rank cannot finish it
+    # without reading its peers' datagrams, which queue behind the strangers'
+    outcomes.append(cluster.run(tasks.stats_after_allreduce, COUNT, 10.0))
+    counted = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
+    for call, per_rank in enumerate(outcomes):
+        for rank, (tensor, stats) in enumerate(per_rank):
+            assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (call, rank, stats)
+            for name, value in drops(stats).items():
+                counted[rank][name] += value
+    for rank in range(WORLD):
+        assert sent[rank]["dropped_invalid"] > 0 and sent[rank]["dropped_foreign"] > 0
+        assert counted[rank] == sent[rank], f"rank {rank}: counted {counted[rank]}, sent {sent[rank]}"
 
 
 def spoof(source, destination, payload):
@@ -65,54 +103,71 @@ def spoof(source, destination, payload):
         raw.sendto(ip + udp, (destination[0], 0))
 
 
-def test_stale_duplicate_and_out_of_range_from_a_real_peer_address():
-    """Datagrams that carry the real upstream's address and session: the engine
-    must still check sequence, step, chunk range, lengths and duplicates."""
+def forgeries(rank, algorithm, session, sequence, layout):
+    """What to forge against `rank` in call `sequence`: [(source rank whose
+    address it carries, datagram, counter it must land in or None if admitted)].
+
+    The schedule says what `rank` expects first: step 0, chunk 0 of a block,
+    from one peer (`upstream`), whose input is upstream + 1 everywhere."""
+    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS[algorithm], rank, WORLD, 0,
+                                sequence % WORLD)
+    upstream = steps[0]["recv_peer"]
+    other = ({*range(WORLD)} - {rank, upstream}).pop()  # a real peer the schedule expects nothing from in step 0
+    chunk_elements = CHUNK_BYTES // 4
+    assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
+    payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
+
+    def data(chunk, source=upstream, **fields):
+        fields = {"kind": wire_format.KIND_DATA, "session_id": session, "sequence": sequence, "source_rank": source,
+                  "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, **fields}
+        return wire_format.header(**fields) + payload
+
+    return [
+        (upstream, data(0), None),  # a faithful copy arrives first, so the real one becomes the duplicate
+        (upstream, data(1, sequence=sequence - 1), "dropped_stale"),  # the previous call's
+        (upstream, data(10**6), "dropped_invalid"),  # chunk out of range
+        (upstream, data(1, step=99), "dropped_invalid"),  # step out of range
+        (upstream, data(2, payload_bytes=len(payload) + 8), "dropped_invalid"),  # length lies
+        (upstream, data(2, reserved=1), "dropped_invalid"),  # reserved must be 0
+        (upstream, data(2, phase=wire_format.PHASE_GATHER), "dropped_invalid"),  # step 0 is in the reduce half
+        (upstream, data(2, contributions=0), "dropped_invalid"),  # a payload that sums nobody
+        (upstream, data(2, kind=9), "dropped_invalid"),  # no such kind
+        (upstream, wire_format.header(kind=wire_format.KIND_AGREE, session_id=session, sequence=sequence,
+                                      source_rank=upstream, payload_bytes=16, layout=layout) + bytes(16),
+         "dropped_invalid"),  # a verdict of the wrong size
+        (other, data(2, source=other), "dropped_invalid"),  # a real peer, but not the one step 0 names
+        (upstream, data(3, source=other), "dropped_foreign"),  # claims another rank than its address
+        (upstream, data(3, version=1), "dropped_foreign"),  # the wire format before schedules
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
+def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
+    """Datagrams that carry a real peer's address and the session: every rank
+    still checks sequence, step, the peer its schedule names, phase, chunk
+    range, lengths, reserved bits and duplicates, and counts each drop once,
+    in its own counter."""
     if os.geteuid() != 0:
         skip_or_fail("forging a peer's source address needs a raw socket (root)")
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
     session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
-    # Warm-up calls until rank 0's socket holds nothing from earlier tests (a flood can leave
-    # thousands of datagrams queued, and a full socket would drop the forged ones); the last
-    # one also tells us how many calls rank 0 has made so far.
-    for _ in range(500):
-        warm_up = cluster.run(tasks.stats_after_allreduce, COUNT, 10.0)[0][1]
-        if warm_up.dropped_invalid + warm_up.dropped_foreign == 0:
-            break
-    sequence = warm_up.sequence
-    next_sequence = sequence + 1
-    algorithm = "direct" if WORLD > 2 else "ring"  # what "auto" runs
+    sequences = {stats.sequence for stats in quiet_call(cluster, algorithm)}
+    assert len(sequences) == 1
+    next_sequence = sequences.pop() + 1
     layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm=algorithm)
-    chunk_elements = CHUNK_BYTES // 4
-    # What rank 0's schedule expects first in the next call, from whom, byte for byte:
-    # step 0, chunk 0 of the block it receives, the sender's own input (rank + 1 everywhere).
-    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS[algorithm], 0, WORLD, 0,
-                                next_sequence % WORLD)
-    upstream, block = steps[0]["recv_peer"], steps[0]["recv_block"]
-    assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
-    payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
-    genuine_copy = wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=upstream,
-                                      chunk_index=0, payload_bytes=len(payload), layout=layout) + payload
-    forged = [
-        genuine_copy,  # arrives first, so the real one becomes the duplicate
-        wire_format.header(kind=1, session_id=session, sequence=sequence, source_rank=upstream, chunk_index=1,
-                           payload_bytes=len(payload), layout=layout) + payload,  # previous call: stale
-        wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=upstream, chunk_index=10**6,
-                           payload_bytes=len(payload), layout=layout) + payload,  # chunk out of range
-        wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=upstream, step=99,
-                           payload_bytes=len(payload), layout=layout) + payload,  # step out of range
-        wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=upstream, chunk_index=2,
-                           payload_bytes=len(payload) + 8, layout=layout) + payload,  # length lies
-        wire_format.header(kind=1, session_id=session, sequence=next_sequence, source_rank=1, chunk_index=3,
-                           payload_bytes=len(payload), layout=layout) + payload,  # claims another rank
-    ]
-    for datagram in forged:
-        spoof(addresses[upstream], addresses[0], datagram)
-    tensor, stats = cluster.run(tasks.stats_after_allreduce, COUNT, 10.0)[0]
-    assert stats.sequence == next_sequence
-    assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0
-    assert stats.dropped_duplicate >= 1, stats
-    assert stats.dropped_stale >= 1, stats
-    assert stats.dropped_invalid >= 3, stats
-    assert stats.dropped_foreign >= 1, stats
+    want = []
+    for rank in range(WORLD):
+        forged = forgeries(rank, algorithm, session, next_sequence, layout)
+        for source, datagram, _ in forged:
+            spoof(addresses[source], addresses[rank], datagram)
+        counters = dict.fromkeys(DROP_COUNTERS, 0)
+        for _, _, counter in forged:
+            if counter:
+                counters[counter] += 1
+        counters["dropped_duplicate"] += 1  # the real chunk 0, after its forged copy
+        want.append(counters)
+    for rank, (tensor, stats) in enumerate(cluster.run(tasks.stats_after_allreduce, COUNT, 10.0, algorithm)):
+        assert stats.sequence == next_sequence
+        assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (rank, stats)
+        assert drops(stats) == want[rank], f"rank {rank}: counted {drops(stats)}, forged {want[rank]}"

@@ -6,6 +6,7 @@ import struct
 MAGIC = 0x31544455
 VERSION = 2
 KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE = 1, 2, 3, 4
+PHASE_REDUCE, PHASE_GATHER = 0, 1
 COLLECTIVES = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "agree": 4}
 ALGORITHMS = {"ring": 0, "direct": 1}
 HEADER = struct.Struct("<IBBBBQIHHIHHIII")
