@@ -171,7 +171,7 @@ def verdicts_under_loss(comm, calls, count, budget, algorithm):
     for call in range(calls):
         tensor = np.full(count, comm.rank + 1.0, dtype=np.float32)
         try:
-            comm.allreduce(tensor, loss_budget=budget, deadline=5.0, algorithm=algorithm)
+            comm.allreduce(tensor, loss_budget=budget, deadline=deadline, algorithm=algorithm)
             outcomes.append(("ok", None))
         except ud_transport.TransportError as error:
             outcomes.append((type(error).__name__, getattr(error, "rank", None)))
@@ -244,3 +244,56 @@ def reduce_scatter_trials(comm, count, trials, estimator, seed, algorithm):
         shards.append(output)
         inputs.append(values)
     return np.array(shards), np.array(inputs), (start, stop)
+
+
+def allreduce_within_budget(comm, count, loss_budget, deadline):
+    """Returns (result, stats) or (None, the exception)."""
+    tensor = np.arange(count, dtype=np.float32) + comm.rank
+    try:
+        return tensor, comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
+    except ud_transport.TransportError as error:
+        return None, error
+
+
+def _snapshot(*tensors):
+    return [as_numpy(t).copy() for t in tensors]
+
+
+def _unchanged(before, *tensors):
+    return all(np.array_equal(old, as_numpy(t), equal_nan=True) for old, t in zip(before, tensors))
+
+
+def every_collective_failing(comm, count, algorithm, how):
+    """Each collective in a way that must fail on every rank: how="budget" asks
+    for nothing lost (under injected loss), how="layout" has every rank call
+    with another size (or root). Returns {collective: (exception class name,
+    rank it names, every tensor and output unchanged)}."""
+    if how == "layout":
+        count += 8 * comm.rank
+    start, stop = comm.shard_range(count)
+    values = np.arange(count, dtype=np.float32) * 0.5 + comm.rank
+    budget = 0.0 if how == "budget" else 1.0
+    root = comm.rank if how == "layout" else comm.world_size - 1
+    deadline = 1.0 if how == "layout" else 5.0  # a mismatch is only known at the deadline
+    calls = {
+        "allreduce": lambda t: comm.allreduce(t[0], loss_budget=budget, deadline=deadline, algorithm=algorithm),
+        "reduce_scatter": lambda t: comm.reduce_scatter(t[0], t[1], loss_budget=budget, deadline=deadline, algorithm=algorithm),
+        "all_gather": lambda t: comm.all_gather(t[0], t[1], loss_budget=budget, deadline=deadline, algorithm=algorithm),
+        "broadcast": lambda t: comm.broadcast(t[0], root, loss_budget=budget, deadline=deadline, algorithm=algorithm),
+    }
+    operands = {
+        "allreduce": (values.copy(),),
+        "reduce_scatter": (values.copy(), np.full(stop - start, -7.0, dtype=np.float32)),
+        "all_gather": (values[start:stop].copy(), np.full(count, -7.0, dtype=np.float32)),
+        "broadcast": (values.copy(),),
+    }
+    outcome = {}
+    for name, call in calls.items():
+        tensors = operands[name]
+        before = _snapshot(*tensors)
+        try:
+            call(tensors)
+            outcome[name] = ("ok", None, _unchanged(before, *tensors))
+        except ud_transport.TransportError as error:
+            outcome[name] = (type(error).__name__, getattr(error, "rank", None), _unchanged(before, *tensors))
+    return outcome
