@@ -297,3 +297,8 @@ def every_collective_failing(comm, count, algorithm, how):
         except ud_transport.TransportError as error:
             outcome[name] = (type(error).__name__, getattr(error, "rank", None), _unchanged(before, *tensors))
     return outcome
+
+
+def receive_buffer_of(comm):
+    """(receive buffer the kernel granted, credit window the engine uses) on this rank."""
+    return getattr(comm, "receive_buffer_bytes", 0), getattr(comm, "window_bytes", comm.options.window_bytes)
