@@ -34,6 +34,17 @@ def test_info_explains_what_it_finds():
     assert result.returncode == (0 if resolved else 1)
 
 
+def test_info_shows_udp_batching_and_the_granted_receive_buffer():
+    result = run("info", "--json")
+    udp = json.loads(result.stdout)["udp"]
+    assert "problem" not in udp, udp
+    assert udp["receive_buffer_bytes"] > 0 and udp["window_bytes"] <= udp["window_bytes_asked"]
+    assert f"rcvbuf={udp['receive_buffer_bytes']}" in udp["description"]
+    text = run("info").stdout
+    assert f"GSO {'on' if udp['gso'] else 'off'}, GRO {'on' if udp['gro'] else 'off'}" in text
+    assert f"receive buffer granted {udp['receive_buffer_bytes']} bytes" in text
+
+
 def test_unknown_command_lists_the_commands():
     result = run("frobnicate")
     assert result.returncode == 2 and "bench" in result.stdout

@@ -38,7 +38,7 @@ except PermissionError:
     forced = False
 report = dict(forced=forced, runs=[])
 for world_size, nbytes, calls in {plan!r}:
-    with LocalCluster(world_size) as cluster:
+    with LocalCluster(world_size, log_level="WARNING") as cluster:
         buffers = cluster.run(tasks.receive_buffer_of)
         outcomes = cluster.run(tasks.many_large, nbytes // 4, calls, timeout_s=600)
     report["runs"].append(dict(world_size=world_size, nbytes=nbytes, buffers=buffers, outcomes=outcomes))
