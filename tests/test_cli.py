@@ -26,6 +26,23 @@ def test_bench_prints_both_backends_and_writes_json(tmp_path):
     assert all(row["delivered_percent"] == 100.0 and row["max_relative_error"] < 1e-6 for row in rows)
 
 
+def test_bench_across_veth_hosts_runs_both_backends_over_the_links():
+    """--hosts veth: each rank in its own namespace at the given MTU, Gloo beside it; without root it says it skipped."""
+    result = run("bench", "--hosts", "veth", "--mtu", "9000", "--sizes", "64K", "--iterations", "2", "--warmup", "1",
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    from ud_transport.hosts import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        assert f"skipped: {reason}" in result.stdout
+        return
+    assert "namespaces on a veth pair, MTU 9000" in result.stdout
+    table = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")][1:]
+    assert {row[3] for row in table} == {"ud-auto", "gloo"} and all(row[8] == "100.000" for row in table)
+    assert "# 64K ud-auto / gloo: p50 " in result.stdout
+
+
 def test_info_explains_what_it_finds():
     """Exit status 0 when an RDMA device is usable, 1 when not; either way it says what auto picks."""
     result = run("info")

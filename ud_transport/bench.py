@@ -4,6 +4,11 @@ ranks, same sizes, same run. Prints an nccl-tests-style table.
     python -m ud_transport bench --world-size 2 --sizes 1M,64M --iterations 50
     python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
     python -m ud_transport bench --world-size 4 --algorithm ring,direct   # both schedules beside Gloo
+    python -m ud_transport bench --hosts veth --mtu 1500   # each rank in its own network namespace (root)
+
+With --hosts veth every rank runs in a network namespace of its own (ud_transport.hosts): two
+ranks share one veth pair, more go through a bridge (as does any run with --kernel-loss, whose
+drops happen in the bridge); links carry MTU-sized packets. Gloo runs over the same links.
 """
 import argparse
 import dataclasses
@@ -172,6 +177,19 @@ def format_table(rows, dtype):
     return "\n".join(lines)
 
 
+def ratios_to_gloo(rows):
+    """One line per ud_transport row: its p50 and p99 over Gloo's at the same size, same run."""
+    gloo = {r["bytes"]: r for r in rows if r["backend"] == "gloo"}
+    lines = []
+    for r in rows:
+        reference = gloo.get(r["bytes"])
+        if r["backend"] == "gloo" or reference is None:
+            continue
+        lines.append(f"# {human(r['bytes'])} {r['backend']} / gloo: p50 {r['p50_ms'] / reference['p50_ms']:.2f}x, "
+                     f"p99 {r['p99_ms'] / reference['p99_ms']:.2f}x")
+    return lines
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -192,6 +210,10 @@ def build_parser():
     parser.add_argument("--chunk-bytes", type=int, default=0)
     parser.add_argument("--algorithm", default="auto",
                         help="comma-separated ud_transport schedules to run side by side: auto, ring, direct")
+    parser.add_argument("--hosts", default="loopback", choices=["loopback", "veth"],
+                        help="veth: every rank in its own network namespace, joined by veth links (needs root)")
+    parser.add_argument("--mtu", type=int, default=1500, help="MTU of the veth links (1500, or 9000 for jumbo frames)")
+    parser.add_argument("--switch", action="store_true", help="with --hosts veth: a bridge even for 2 ranks")
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
@@ -201,6 +223,8 @@ def build_parser():
 
 def main(argv=None):
     from . import loss_models
+    from .hosts import Hosts
+    from .hosts import unavailable_reason as hosts_unavailable
     from .kernel_loss import LossyNamespace
     from .local_cluster import free_tcp_port
 
@@ -215,22 +239,38 @@ def main(argv=None):
     elif args.loss > 0:
         inject = loss_models.Bernoulli(args.loss, seed=args.seed)
     store_port = free_tcp_port()
-    namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port) if args.kernel_loss else None
-    if namespace:
+    hosts = namespace = None
+    if args.hosts == "veth":
+        reason = hosts_unavailable()
+        if reason:
+            print(f"# ud_transport bench --hosts veth: skipped: {reason}")
+            return 0
+        hosts = Hosts(args.world_size, mtu=args.mtu, switch=args.switch or args.world_size > 2 or args.kernel_loss > 0,
+                      udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
+        hosts.__enter__()
+        where = hosts.describe()
+    elif args.kernel_loss:
+        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
         namespace.__enter__()
+        where = "loopback"
+    else:
+        where = "loopback"
     try:
         with LocalCluster(args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
-                          inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
+                          hosts=hosts, inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
             per_rank = cluster.run(run_rank, config, timeout_s=3600)
     finally:
-        if namespace:
-            namespace.close()
+        for made in (namespace, hosts):
+            if made:
+                made.close()
     rows = summarize(per_rank, args.world_size)
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
                  f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
-    print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
+    print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note}, "
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
+    for line in ratios_to_gloo(rows):
+        print(line)
     for rank, result in enumerate(per_rank):
         for entry in result["results"]:
             for reason in entry["failure_reasons"]:
