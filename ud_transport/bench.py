@@ -1,5 +1,5 @@
 """Allreduce benchmark: ud_transport beside torch.distributed's Gloo, same
-ranks, same sizes, same run. Prints an nccl-tests-style table.
+ranks, same sizes, same run, taking turns call by call. Prints an nccl-tests-style table.
 
     python -m ud_transport bench --world-size 2 --sizes 1M,64M --iterations 50
     python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
@@ -88,21 +88,24 @@ def run_rank(comm, config):
     backends = [f"ud-{name}" for name in config["algorithms"]] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
     bar = _progress(total, comm.rank == 0 and config["progress"])
-    results = []
-    for backend in backends:
-        for nbytes in config["sizes"]:
-            dtype = np.dtype(config["dtype"])
-            count = max(nbytes // dtype.itemsize, 1)
-            pristine = rank_input(config["seed"], comm.rank, count, dtype)
-            exact = sum(rank_input(config["seed"], r, count, dtype).astype(np.float64) for r in range(comm.world_size))
-            if config["op"] == "mean":
-                exact /= comm.world_size
-            work = np.empty_like(pristine)
-            work[:] = 0  # touch it: its pages belong to the caller, not to the backend
-            tensor = torch.from_numpy(work)
-            times, delivered, errors, rms_errors, failures, engine, reasons = [], [], [], [], 0, [], []
-            extra_kib = 0
-            for iteration in range(config["warmup"] + config["iterations"]):
+    results = {}
+    for nbytes in config["sizes"]:
+        dtype = np.dtype(config["dtype"])
+        count = max(nbytes // dtype.itemsize, 1)
+        pristine = rank_input(config["seed"], comm.rank, count, dtype)
+        exact = sum(rank_input(config["seed"], r, count, dtype).astype(np.float64) for r in range(comm.world_size))
+        if config["op"] == "mean":
+            exact /= comm.world_size
+        scale = float(np.max(np.abs(exact))) or 1.0
+        work = np.empty_like(pristine)
+        work[:] = 0  # touch it: its pages belong to the caller, not to the backend
+        tensor = torch.from_numpy(work)
+        state = {backend: dict(times=[], delivered=[], errors=[], rms_errors=[], failures=0, engine=[], reasons=[],
+                               extra_kib=0) for backend in backends}
+        # Backends take turns call by call, so a busy machine slows them alike and their ratio holds.
+        for iteration in range(config["warmup"] + config["iterations"]):
+            for backend in backends:
+                entry = state[backend]
                 np.copyto(work, pristine)
                 store_barrier(comm.store, comm.rank, comm.world_size, f"{backend}/{nbytes}/{iteration}")
                 resident_kib = _memory_kib("VmRSS")
@@ -117,29 +120,33 @@ def run_rank(comm, config):
                                                deadline=config["deadline"], algorithm=backend.removeprefix("ud-"))
                         fraction = stats.delivered_fraction
                         if iteration >= config["warmup"]:
-                            engine.append(dataclasses.asdict(stats))
+                            entry["engine"].append(dataclasses.asdict(stats))
                     except Exception as error:  # a failed call counts, with its time, and keeps the input
-                        fraction, failures = 0.0, failures + 1
-                        reasons.append(f"iteration {iteration}: {type(error).__name__}: {error}")
+                        fraction = 0.0
+                        entry["failures"] += 1
+                        entry["reasons"].append(f"iteration {iteration}: {type(error).__name__}: {error}")
                 elapsed = time.perf_counter() - start
-                if peak_known:  # what the call itself added to the resident size at its peak
-                    extra_kib = max(extra_kib, _memory_kib("VmHWM") - resident_kib)
+                if peak_known and entry["extra_kib"] is not None:  # what the call itself added to the resident size at its peak
+                    entry["extra_kib"] = max(entry["extra_kib"], _memory_kib("VmHWM") - resident_kib)
                 else:
-                    extra_kib = None
+                    entry["extra_kib"] = None
                 if iteration >= config["warmup"]:
-                    times.append(elapsed)
-                    delivered.append(fraction)
-                    scale = float(np.max(np.abs(exact))) or 1.0
+                    entry["times"].append(elapsed)
+                    entry["delivered"].append(fraction)
                     difference = work.astype(np.float64) - exact
-                    errors.append(float(np.max(np.abs(difference))) / scale)
-                    rms_errors.append(float(np.sqrt(np.mean(difference ** 2) / np.mean(exact ** 2))))
+                    entry["errors"].append(float(np.max(np.abs(difference))) / scale)
+                    entry["rms_errors"].append(float(np.sqrt(np.mean(difference ** 2) / np.mean(exact ** 2))))
                     del difference
                 if bar:
                     bar.update(1)
-            results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
-                                delivered=delivered, max_relative_error=max(errors), rms_relative_error=max(rms_errors),
-                                failures=failures, failure_reasons=reasons, peak_extra_kib=extra_kib, engine_stats=engine))
-            del pristine, exact, work, tensor
+        for backend, entry in state.items():
+            results[backend, nbytes] = dict(
+                backend=backend, bytes=count * dtype.itemsize, count=count, times=entry["times"],
+                delivered=entry["delivered"], max_relative_error=max(entry["errors"]),
+                rms_relative_error=max(entry["rms_errors"]), failures=entry["failures"],
+                failure_reasons=entry["reasons"], peak_extra_kib=entry["extra_kib"], engine_stats=entry["engine"])
+        del pristine, exact, work, tensor
+    results = [results[backend, nbytes] for backend in backends for nbytes in config["sizes"]]
     if bar:
         bar.close()
     return dict(results=results)
@@ -266,6 +273,8 @@ def main(argv=None):
     rows = summarize(per_rank, args.world_size)
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
                  f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
+    if hosts and not inject:
+        loss_note = "loss only where the switch drops it" if args.kernel_loss else "no loss injected"
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note}, "
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
