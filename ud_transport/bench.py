@@ -274,8 +274,8 @@ def main(argv=None):
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
                  f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
     if hosts and not inject:
-        loss_note = "loss only where the switch drops it" if args.kernel_loss else "no loss injected"
-    print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note}, "
+        where, loss_note = where.removesuffix(", no loss"), ("no loss" if not args.kernel_loss else "")
+    print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note + ', ' if loss_note else ''}"
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
     for line in ratios_to_gloo(rows):
