@@ -111,3 +111,40 @@ def test_drift_is_measured_and_parameter_sync_removes_it():
         assert syncs == (False, True)
         assert after["max"] == 0.0
         assert torch.equal(parameters, torch_tasks.flat_parameters(torch_tasks.small_model(0)))
+
+
+def test_fsdp2_trains_on_backend_ud_as_on_gloo():
+    """fully_shard over a default "ud" group (all-gather and reduce-scatter
+    through the backend) reaches Gloo's parameters at no loss."""
+    cluster = get_cluster(2, chunk_bytes=256)
+    run_tag = tag()
+    gloo = cluster.run(torch_tasks.fsdp2_steps, run_tag, "gloo")
+    ud = cluster.run(torch_tasks.fsdp2_steps, run_tag, "ud")
+    for rank in range(2):
+        torch.testing.assert_close(ud[rank], gloo[rank], rtol=0, atol=1e-6, msg=f"rank {rank}")
+    assert not torch.equal(gloo[0], torch_tasks.flat_parameters(torch_tasks.small_model(0)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
+    """torchrun starts `world` ranks with init_process_group(backend="ud"):
+    allreduce on it, on a "ud" subgroup of ranks 0-1 and on a Gloo group
+    beside it, then DDP steps leave every rank with the same parameters."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from ud_transport.local_cluster import free_tcp_port
+
+    worker = pathlib.Path(__file__).with_name("torchrun_worker.py")
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
+               f"--master-port={free_tcp_port()}", str(worker), str(tmp_path)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for rank, result in enumerate(results):
+        assert result["world"] == world and result["backend"] == "ud"
+        assert result["total"] == world * (world + 1) / 2 and result["gloo_total"] == result["total"]
+        assert result["pair_total"] == (3.0 if rank < 2 else rank + 1.0)
+        assert result["parameters"] == results[0]["parameters"]

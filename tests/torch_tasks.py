@@ -211,3 +211,25 @@ def drift_and_sync(comm):
     first, second = sync(), sync()
     drift_after = udt.replica_drift(model, comm)
     return drift_before, (first, second), drift_after, flat_parameters(model)
+
+
+def fsdp2_steps(comm, tag, backend, steps=5):
+    """A two-layer model under FSDP2 (fully_shard) on a default group of
+    `backend`; returns the full parameters after a few SGD steps."""
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group(backend, store=dist.PrefixStore(f"fsdp-{tag}-{backend}", comm.store), rank=comm.rank,
+                            world_size=comm.world_size)
+    try:
+        model = small_model(seed=0)
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for x, y in batches(comm.rank, steps):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+    finally:
+        dist.destroy_process_group()

@@ -83,6 +83,7 @@ def _op_name(op):
 class ProcessGroupUD(dist.ProcessGroup):
     def __init__(self, store, rank, world_size, timeout, options=None, group_name=""):
         super().__init__(rank, world_size)
+        self._ud_group_name = group_name
         self.config = (options or BackendOptions.from_environment()).validate()
         overrides = dict(self.config.communicator)
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
@@ -100,6 +101,15 @@ class ProcessGroupUD(dist.ProcessGroup):
         self.last_stats = None
 
     # -- identity -----------------------------------------------------------
+
+    # c10d keeps a group's name in its C++ backends, which a Python group
+    # has none of; DeviceMesh (FSDP2) reads it
+    def _set_group_name(self, name):
+        self._ud_group_name = name
+
+    @property
+    def group_name(self):
+        return self._ud_group_name
 
     def getBackendName(self):
         return "ud"
