@@ -123,9 +123,10 @@ def backend_wait_raises(comm, tag, budget):
         before = tensor.clone()
         try:
             dist.all_reduce(tensor, group=group)
-            return "ok", torch.equal(tensor, before)
+            outcome = "ok"
         except ud_transport.TransportError as error:
-            return type(error).__name__, torch.equal(tensor, before)
+            outcome = type(error).__name__
+        return outcome, torch.equal(tensor, before), group.take_budget_misses()
 
 
 def two_stage_branches(comm, steps, budget, policy):

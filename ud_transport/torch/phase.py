@@ -9,6 +9,7 @@ Critical steps get `critical_budget` (0.0 = exact collectives), the others
 point, one agreement round per step), so every rank picks the same budget
 and takes the same path: a budget of 0 switches both halves of the step to
 exact collectives on every rank at once."""
+import logging
 import math
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from ._common import communicator_of
 
 NORM_FIXED_POINT = 1 << 16  # the agreed norm's resolution
+log = logging.getLogger("ud_transport.phase")
 
 
 class PhaseAwareBudget:
@@ -49,6 +51,9 @@ class PhaseAwareBudget:
         self._previous_norm = norm
         critical = self.step < self.warmup or (self._change is not None and self._change > self.threshold)
         chosen = self.critical_budget if critical else self.stable_budget
+        if self.schedule and self.schedule[-1][3] != chosen:
+            log.info("step %d: %s phase, loss budget %g (gradient norm %.4g, relative change %.3f)", self.step,
+                     "critical" if critical else "stable", chosen, norm, self._change or 0.0)
         self.schedule.append((self.step, norm, self._change, chosen))
         self.step += 1
         return chosen
