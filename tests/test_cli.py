@@ -62,6 +62,17 @@ def test_info_shows_udp_batching_and_the_granted_receive_buffer():
     assert f"receive buffer granted {udp['receive_buffer_bytes']} bytes" in text
 
 
-def test_unknown_command_lists_the_commands():
+def test_unknown_command_says_what_was_wrong_and_exits_2():
     result = run("frobnicate")
-    assert result.returncode == 2 and "bench" in result.stdout
+    assert result.returncode == 2 and result.stdout == ""
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("ud_transport: error: unknown command 'frobnicate'") and "bench" in first
+
+
+def test_version_and_help():
+    import ud_transport
+
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"ud_transport {ud_transport.__version__}"
+    helped = run("--help")
+    assert helped.returncode == 0 and "exit codes" in helped.stdout and "simulate" in helped.stdout

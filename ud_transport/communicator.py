@@ -38,7 +38,10 @@ _creation_counter = itertools.count()
 
 
 class Communicator:
-    def __init__(self, rank, world_size, store, transport, options):
+    def __init__(self, rank, world_size, store, transport, options, *, name=None):
+        """`name` keys this communicator's rendezvous in `store`; without one,
+        communicators are numbered in creation order (the same on every rank
+        only if every rank creates the same ones: name those that differ)."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         if world_size > _native.MAX_WORLD_SIZE:
@@ -51,7 +54,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._deadlines = DeadlineEstimator(options.deadline_multiplier, options.deadline_floor_s, options.deadline_cap_s)
         self._engine = None
-        prefix = f"ud_transport/comm{next(_creation_counter)}"
+        prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)

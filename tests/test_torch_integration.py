@@ -1,0 +1,164 @@
+"""The torch layer: backend "ud", the DDP comm hook, the two-stage optimizer,
+exact collectives, drift and re-alignment; every rank checked."""
+import itertools
+
+import pytest
+import torch
+
+import torch_tasks
+import ud_transport
+from conftest import get_cluster
+
+_tags = itertools.count()
+
+
+def tag():
+    return f"t{next(_tags)}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_at_no_loss_ddp_on_ud_the_hook_and_two_stage_equal_ddp_on_gloo(world):
+    """20 AdamW steps from different random inits per rank: DDP on backend
+    "ud", DDP on Gloo with the lossy hook over ud, and the two-stage step
+    reach the parameters DDP on Gloo reaches (1e-5), identical on all ranks."""
+    per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.four_ways_at_no_loss, tag())
+    reference = per_rank[0]["gloo"]
+    for rank, results in enumerate(per_rank):
+        for way, parameters in results.items():
+            torch.testing.assert_close(parameters, reference, rtol=0, atol=1e-5, msg=f"rank {rank} {way}")
+    assert not torch.equal(reference, torch_tasks.flat_parameters(torch_tasks.small_model(0))), "training moved nothing"
+
+
+def test_c10d_collectives_on_ud_match_gloo_and_unsupported_ones_say_so():
+    """all_gather_into_tensor, reduce_scatter_tensor, all_gather,
+    reduce_scatter, all_reduce (SUM/AVG/MAX, float and int64), broadcast and
+    barrier on a "ud" group give what Gloo gives, on every rank; send raises
+    NotImplementedError naming itself."""
+    per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.c10d_collectives, tag())
+    for rank, results in enumerate(per_rank):
+        assert results.pop("send").startswith("the 'ud' backend does not implement send")
+        for name, (ud, gloo) in results.items():
+            torch.testing.assert_close(ud, gloo, rtol=0, atol=1e-6, msg=f"rank {rank} {name}")
+
+
+def test_backend_policy_raise_makes_wait_raise_and_keeps_the_tensor():
+    cluster = get_cluster(3, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=5))
+    for name, unchanged, misses in cluster.run(torch_tasks.backend_wait_raises, tag(), 0.01):
+        assert name == "LossBudgetExceeded" and unchanged and misses == 1
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise", "use"])
+def test_two_stage_every_rank_takes_the_same_branch_under_loss(policy):
+    """4 ranks, 10% loss, a budget set where the reduce half's missing share
+    sits, 200 steps: every rank takes the same branch every step, both
+    branches happen, and a skipped or raised step changes neither the
+    parameters nor the optimizer state."""
+    cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=7))
+    per_rank = cluster.run(torch_tasks.two_stage_branches, 200, 0.1, policy)
+    branches = [[took for took, _ in rows] for rows, _ in per_rank]
+    assert all(b == branches[0] for b in branches), "ranks took different branches"
+    missed_name = {"skip": "skipped", "raise": "raised", "use": "stepped"}[policy]
+    assert "stepped" in branches[0] and (missed_name in branches[0])
+    if policy != "use":
+        assert 0 < branches[0].count(missed_name) < len(branches[0]), branches[0]
+        for rows, _ in per_rank:
+            assert all(unchanged for took, unchanged in rows if took != "stepped")
+    counters = per_rank[0][1]
+    assert counters["steps"] == 200
+    if policy == "use":
+        assert counters["used_short"] > 0 and counters["stepped"] + counters["used_short"] == 200, counters
+    assert 0.8 < counters["mean_reduce_fraction"] < 1.0 and 0.8 < counters["mean_gather_fraction"] < 1.0, counters
+
+
+def test_hook_skips_on_every_rank_together_under_loss():
+    cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=7))
+    per_rank = cluster.run(torch_tasks.hook_branches, tag(), 200, 0.1)
+    taken = [t for t, _ in per_rank]
+    assert all(t == taken[0] for t in taken), "ranks took different branches"
+    assert True in taken[0] and False in taken[0], taken[0]
+    counters = per_rank[0][1]
+    assert counters["skipped"] == taken[0].count(False) and counters["stepped"] == taken[0].count(True)
+
+
+@pytest.mark.parametrize("loss", [0.1, 0.3])
+def test_exact_collectives_are_exact_under_loss(loss):
+    world, count = 4, 3000
+    cluster = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(loss, seed=9))
+    per_rank = cluster.run(torch_tasks.exact_under_loss, count)
+    base = torch.arange(count)
+    for rank, out in enumerate(per_rank):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
+            assert torch.equal(out[f"broadcast_{dtype}"], (base * world % 97).to(dtype)), (rank, dtype)
+            expected = torch.cat([(base + r).to(dtype) % 50 for r in range(world)])
+            assert torch.equal(out[f"all_gather_{dtype}"], expected), (rank, dtype)
+        assert torch.equal(out["allreduce_sum"], base.float() * sum(range(1, world + 1))), rank
+        assert out["allreduce_max"].tolist() == [world - 1, 0], rank
+        assert torch.equal(out["allreduce_sum"], per_rank[0]["allreduce_sum"])
+
+
+def test_exact_gives_up_cleanly_after_its_attempts():
+    cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=9))
+    outcomes = cluster.run(torch_tasks.exact_gives_up_cleanly, 20000)
+    assert {name for name, _ in outcomes} == {"LossBudgetExceeded"}
+    assert all(unchanged for _, unchanged in outcomes)
+
+
+def test_drift_is_measured_and_parameter_sync_removes_it():
+    per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.drift_and_sync)
+    for before, syncs, after, parameters in per_rank:
+        assert before["max"] > 0.1 and len(before["per_rank"]) == 3
+        assert before == per_rank[0][0]  # the same report everywhere
+        assert syncs == (False, True)
+        assert after["max"] == 0.0
+        assert torch.equal(parameters, torch_tasks.flat_parameters(torch_tasks.small_model(0)))
+
+
+def test_fsdp2_trains_on_backend_ud_as_on_gloo():
+    """fully_shard over a default "ud" group (all-gather and reduce-scatter
+    through the backend) reaches Gloo's parameters at no loss."""
+    cluster = get_cluster(2, chunk_bytes=256)
+    run_tag = tag()
+    gloo = cluster.run(torch_tasks.fsdp2_steps, run_tag, "gloo")
+    ud = cluster.run(torch_tasks.fsdp2_steps, run_tag, "ud")
+    for rank in range(2):
+        torch.testing.assert_close(ud[rank], gloo[rank], rtol=0, atol=1e-6, msg=f"rank {rank}")
+    assert not torch.equal(gloo[0], torch_tasks.flat_parameters(torch_tasks.small_model(0)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
+    """torchrun starts `world` ranks with init_process_group(backend="ud"):
+    allreduce on it, on a "ud" subgroup of ranks 0-1 and on a Gloo group
+    beside it, then DDP steps leave every rank with the same parameters."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from ud_transport.local_cluster import free_tcp_port
+
+    worker = pathlib.Path(__file__).with_name("torchrun_worker.py")
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
+               f"--master-port={free_tcp_port()}", str(worker), str(tmp_path)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for rank, result in enumerate(results):
+        assert result["world"] == world and result["backend"] == "ud"
+        assert result["total"] == world * (world + 1) / 2 and result["gloo_total"] == result["total"]
+        assert result["pair_total"] == (3.0 if rank < 2 else rank + 1.0)
+        assert result["parameters"] == results[0]["parameters"]
+
+
+def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_rank_agrees():
+    """Warmup steps are critical; a steady norm is stable; a jump of the norm
+    makes the following steps critical until the averages meet again (and
+    for `hold` steps after); ranks whose local norms differ choose the same."""
+    norms = [1.0] * 40 + [3.0] * 150
+    per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.phase_schedule, norms)
+    budgets, fraction = per_rank[0]
+    assert all(b == budgets for b, _ in per_rank), "ranks chose different budgets"
+    assert budgets[:5] == [0.0] * 5 and budgets[10:40] == [0.1] * 30
+    assert budgets[40:45] == [0.0] * 5, "the jump was not seen"
+    assert budgets[-1] == 0.1, "the new level never became stable"
+    assert 0 < fraction < 0.6

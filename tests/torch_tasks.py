@@ -1,0 +1,248 @@
+"""Rank-side functions for the torch-layer tests (run by LocalCluster, so
+they live in an importable module). Each sets up what it needs on the
+rank's store and tears it down, so clusters can be reused."""
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ud_transport
+import ud_transport.torch as udt
+from ud_transport import exact
+
+STEPS = 20
+
+
+def small_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def batches(rank, steps, seed=100):
+    generator = torch.Generator().manual_seed(seed + rank)
+    return [(torch.randn(6, 8, generator=generator), torch.randn(6, 4, generator=generator)) for _ in range(steps)]
+
+
+def flat_parameters(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+@contextlib.contextmanager
+def gloo_world(comm, name):
+    """A default Gloo process group on the rank's store (under its own prefix)."""
+    dist.init_process_group("gloo", store=dist.PrefixStore(name, comm.store), rank=comm.rank,
+                            world_size=comm.world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train(model, optimizer_step, data):
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer_step()
+
+
+def four_ways_at_no_loss(comm, tag):
+    """The same 20 AdamW steps four ways; every rank starts from its own
+    random init (the method must align them). Returns flat parameters of:
+    DDP on Gloo, DDP on a "ud" group, DDP on Gloo with the lossy hook over
+    ud, and the two-stage optimizer over ud."""
+    data = batches(comm.rank, STEPS)
+    results = {}
+    with gloo_world(comm, f"four-{tag}"):
+        ud_group = dist.new_group(backend="ud")
+        for way in ("gloo", "ud_backend", "hook"):
+            model = small_model(seed=comm.rank)
+            ddp = DDP(model, process_group=ud_group if way == "ud_backend" else None)
+            optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+            if way == "hook":
+                state = udt.LossyHookState(comm, loss_budget=0.0)
+                ddp.register_comm_hook(state, udt.lossy_allreduce_hook)
+                step = lambda: (state.step(optimizer), optimizer.zero_grad())
+            else:
+                step = lambda: (optimizer.step(), optimizer.zero_grad())
+            train(ddp, step, data)
+            results[way] = flat_parameters(model)
+        model = small_model(seed=comm.rank)
+        optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm)
+        train(model, lambda: (optimizer.step(), optimizer.zero_grad()), data)
+        results["two_stage"] = flat_parameters(model)
+    return results
+
+
+def c10d_collectives(comm, tag):
+    """all_gather_into_tensor, reduce_scatter_tensor, all_gather, reduce_scatter,
+    all_reduce (SUM, AVG, MAX), broadcast and barrier on a "ud" group and on
+    Gloo, same inputs: returns {name: (ud result, gloo result)}."""
+    n, r = comm.world_size, comm.rank
+    out = {}
+    with gloo_world(comm, f"c10d-{tag}"):
+        groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
+        for name, group in groups.items():
+            shard = torch.arange(5, dtype=torch.float32) + 10 * r
+            gathered = torch.empty(5 * n)
+            dist.all_gather_into_tensor(gathered, shard, group=group)
+            full = torch.arange(3 * n, dtype=torch.float32) * (r + 1)
+            scattered = torch.empty(3)
+            dist.reduce_scatter_tensor(scattered, full, group=group)
+            pieces = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
+            dist.all_gather(pieces, torch.tensor([r, r * r], dtype=torch.int64), group=group)
+            listed = torch.empty(2)
+            dist.reduce_scatter(listed, [torch.full((2,), float(r + k)) for k in range(n)], group=group)
+            sums = {op: torch.tensor([r + 1.0, 2.0 * r]) for op in ("SUM", "AVG", "MAX")}
+            for op, tensor in sums.items():
+                dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=group)
+            integers = torch.tensor([r, 7], dtype=torch.int64)
+            dist.all_reduce(integers, group=group)
+            broadcast = torch.tensor([float(r)] * 3)
+            dist.broadcast(broadcast, src=n - 1, group=group)
+            dist.barrier(group=group)
+            out[name] = dict(all_gather_into_tensor=gathered, reduce_scatter_tensor=scattered,
+                             all_gather=torch.stack(pieces), reduce_scatter=listed, integers=integers,
+                             broadcast=broadcast, **{f"all_reduce_{op}": t for op, t in sums.items()})
+        try:
+            dist.send(torch.zeros(1), dst=(r + 1) % n, group=groups["ud"])
+            out["send"] = "no error"
+        except NotImplementedError as error:
+            out["send"] = str(error)
+    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]} | {"send": out["send"]}
+
+
+def backend_wait_raises(comm, tag, budget):
+    """A "ud" group with policy raise under the cluster's injected loss:
+    returns (exception class name or "ok", tensor unchanged)."""
+    inject = comm.options.inject
+    options = udt.BackendOptions(loss_budget=budget, on_budget_miss="raise", communicator={"inject": inject})
+    with gloo_world(comm, f"raise-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=options)
+        tensor = torch.arange(4000, dtype=torch.float32) + comm.rank
+        before = tensor.clone()
+        try:
+            dist.all_reduce(tensor, group=group)
+            outcome = "ok"
+        except ud_transport.TransportError as error:
+            outcome = type(error).__name__
+        return outcome, torch.equal(tensor, before), group.take_budget_misses()
+
+
+def two_stage_branches(comm, steps, budget, policy):
+    """Two-stage steps under the cluster's loss with a budget that is
+    sometimes missed. Returns per step (branch taken, parameters and
+    optimizer state unchanged when skipped), and the counters."""
+    model = small_model(seed=comm.rank)
+    optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm,
+                                          loss_budget=budget, on_budget_miss=policy)
+    data = batches(comm.rank, steps)
+    branches = []
+    for x, y in data:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        before = flat_parameters(model)
+        state_before = {k: {n: v.clone() for n, v in s.items() if torch.is_tensor(v)} for k, s in optimizer.state.items()}
+        try:
+            took = "stepped" if optimizer.step() else "skipped"
+        except ud_transport.LossBudgetExceeded:
+            took = "raised"
+        unchanged = torch.equal(before, flat_parameters(model)) and all(
+            torch.equal(v, optimizer.state[k][n]) for k, s in state_before.items() for n, v in s.items())
+        branches.append((took, unchanged))
+        optimizer.zero_grad()
+    return branches, optimizer.counters.to_dict()
+
+
+def hook_branches(comm, tag, steps, budget):
+    """DDP on Gloo, gradients over ud with the hook (policy skip) under the
+    cluster's loss: per step, whether it stepped."""
+    data = batches(comm.rank, steps)
+    with gloo_world(comm, f"hook-{tag}"):
+        model = small_model(seed=0)
+        ddp = DDP(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+        state = udt.LossyHookState(comm, loss_budget=budget, on_budget_miss="skip")
+        ddp.register_comm_hook(state, udt.lossy_allreduce_hook)
+        taken = []
+        for x, y in data:
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            taken.append(state.step(optimizer))
+            optimizer.zero_grad()
+        return taken, state.counters.to_dict()
+
+
+def exact_under_loss(comm, count):
+    """Exact broadcast / all_gather / allreduce under the cluster's loss for
+    several dtypes; returns what each produced, for checking on the host."""
+    n, r = comm.world_size, comm.rank
+    out = {}
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
+        t = (torch.arange(count) * (r + 1) % 97).to(dtype)
+        exact.broadcast(comm, t, n - 1)
+        out[f"broadcast_{dtype}"] = t
+        gathered = torch.empty(n * count, dtype=dtype)
+        exact.all_gather(comm, (torch.arange(count) + r).to(dtype) % 50, gathered)
+        out[f"all_gather_{dtype}"] = gathered
+    total = torch.arange(count, dtype=torch.float32) * (r + 1)
+    exact.allreduce(comm, total, "sum")
+    out["allreduce_sum"] = total
+    largest = torch.tensor([r, -r], dtype=torch.int32)
+    exact.allreduce(comm, largest, "max")
+    out["allreduce_max"] = largest
+    return out
+
+
+def exact_gives_up_cleanly(comm, count):
+    """One attempt only under heavy loss: must raise and leave the tensor."""
+    t = torch.arange(count, dtype=torch.float32) + comm.rank
+    before = t.clone()
+    try:
+        exact.broadcast(comm, t, 0, attempts=1)
+        return "ok", torch.equal(t, before) or torch.equal(t, torch.arange(count, dtype=torch.float32))
+    except ud_transport.LossBudgetExceeded:
+        return "LossBudgetExceeded", torch.equal(t, before)
+
+
+def drift_and_sync(comm):
+    """Replicas made different on purpose: drift is seen, ParameterSync from
+    rank 0 removes it exactly."""
+    model = small_model(seed=comm.rank)
+    drift_before = udt.replica_drift(model, comm)
+    sync = udt.ParameterSync(model, comm, every=2)
+    first, second = sync(), sync()
+    drift_after = udt.replica_drift(model, comm)
+    return drift_before, (first, second), drift_after, flat_parameters(model)
+
+
+def fsdp2_steps(comm, tag, backend, steps=5):
+    """A two-layer model under FSDP2 (fully_shard) on a default group of
+    `backend`; returns the full parameters after a few SGD steps."""
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group(backend, store=dist.PrefixStore(f"fsdp-{tag}-{backend}", comm.store), rank=comm.rank,
+                            world_size=comm.world_size)
+    try:
+        model = small_model(seed=0)
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for x, y in batches(comm.rank, steps):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+    finally:
+        dist.destroy_process_group()
+
+
+def phase_schedule(comm, norms):
+    """Feed PhaseAwareBudget gradients of the given norms (each rank's a
+    little different); returns the budgets it chose."""
+    phase = udt.PhaseAwareBudget(stable_budget=0.1, critical_budget=0.0, warmup=5, hold=4, communicator=comm)
+    budgets = []
+    for norm in norms:
+        gradient = torch.zeros(100)
+        gradient[comm.rank] = norm * (1 + 0.01 * comm.rank)
+        budgets.append(phase.budget(gradient))
+    return budgets, phase.critical_fraction()

@@ -1,0 +1,155 @@
+"""Exact collectives on a lossy communicator, for the traffic that must not
+lose anything (parameters at start, control, a periodic re-alignment).
+
+No datagram is retransmitted; the *call* is repeated. A broadcast or an
+all-gather keeps stale values where chunks do not arrive, so repeating it
+fills the holes that are left: after k attempts a chunk is missing with
+probability ~p^k. The engine reports only whether each attempt was complete,
+not which chunks earlier attempts filled, so completeness across attempts is
+checked by comparing every rank's copy: two 32-bit checksums, each agreed
+as a maximum and as a minimum (4 agreement rounds, only when an attempt was
+incomplete). All ranks take every branch together because every decision is
+an agreed value.
+
+An exact allreduce is an exact all-gather of the inputs followed by the same
+local reduction in rank order on every rank: N times the traffic, bitwise
+identical results everywhere. Meant for control-sized tensors.
+"""
+import ctypes
+import zlib
+
+from . import tensors
+from .errors import LossBudgetExceeded
+
+DEFAULT_ATTEMPTS = 64
+_ALL_ONES = 0xFFFFFFFF
+
+
+def _bytes_of(tensor):
+    view = tensors.view_of(tensor)
+    if view.nbytes == 0:
+        return b""
+    return memoryview((ctypes.c_ubyte * view.nbytes).from_address(view.address)).cast("B")
+
+
+def as_words(tensor):
+    """A contiguous int32 torch tensor over `tensor`'s bytes (any dtype, numpy
+    or torch), and a function that copies it back when it is not a view: moving
+    bytes exactly does not depend on what they mean."""
+    import torch
+
+    wrapped = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
+    if wrapped.device.type != "cpu":
+        tensors.view_of(wrapped)  # the usual clear error
+    flat = wrapped.reshape(-1) if wrapped.is_contiguous() else wrapped.contiguous().reshape(-1)
+    raw = flat.view(torch.uint8)
+    if raw.numel() % 4 == 0 and flat.data_ptr() % 4 == 0:
+        words = raw.view(torch.int32)
+    else:
+        words = torch.zeros((raw.numel() + 3) // 4, dtype=torch.int32)
+        words.view(torch.uint8)[:raw.numel()].copy_(raw)
+
+    def copy_back():
+        if words.data_ptr() != flat.data_ptr():
+            raw.copy_(words.view(torch.uint8)[:raw.numel()])
+        if flat.data_ptr() != wrapped.data_ptr() or not wrapped.is_contiguous():
+            wrapped.copy_(flat.view(wrapped.shape))
+
+    return words, copy_back
+
+
+def _identical_everywhere(comm, tensor, deadline):
+    """True on every rank iff every rank's copy of `tensor` has the same two
+    checksums (agreed: the same answer everywhere)."""
+    data = _bytes_of(tensor)
+    for checksum in (zlib.crc32(data), zlib.adler32(data)):
+        if comm.agree(checksum, deadline=deadline) != _ALL_ONES - comm.agree(_ALL_ONES - checksum, deadline=deadline):
+            return False
+    return True
+
+
+def _snapshot(tensor):
+    return tensor.clone() if hasattr(tensor, "clone") else tensor.copy()
+
+
+def _restore(tensor, saved):
+    if hasattr(tensor, "copy_"):
+        tensor.copy_(saved)
+    else:
+        tensor[...] = saved
+
+
+def _repeat(comm, attempt, target, what, attempts, deadline):
+    saved = _snapshot(target)
+    total_stats = []
+    for _ in range(attempts):
+        stats = attempt()
+        total_stats.append(stats)
+        if stats.gather_fraction >= 1.0 or _identical_everywhere(comm, target, deadline):
+            return total_stats
+    _restore(target, saved)
+    raise LossBudgetExceeded(f"rank {comm.rank}: exact {what} still incomplete after {attempts} attempts", total_stats[-1])
+
+
+def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+    """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
+    Returns the stats of each attempt. On failure every rank's tensor is as
+    it was."""
+    words, copy_back = as_words(tensor)
+    stats = _repeat(comm, lambda: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline), words, "broadcast",
+                    attempts, deadline)
+    copy_back()
+    return stats
+
+
+def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+    """Gather every rank's shard (any dtype, the same size everywhere) into
+    `output`, rank r's at [r * len(shard), (r + 1) * len(shard)), exactly.
+    `output` is written only on success."""
+    import torch
+
+    words, _ = as_words(shard)
+    shard_bytes = (shard if isinstance(shard, torch.Tensor) else torch.from_numpy(shard)).nbytes
+    width = words.numel()
+    gathered = torch.empty(comm.world_size * width, dtype=torch.int32)
+    gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
+    stats = _repeat(comm, lambda: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline), gathered,
+                    "all_gather", attempts, deadline)
+    target, copy_back = as_words(output)
+    target_bytes = target.view(torch.uint8)
+    if target_bytes.numel() < comm.world_size * shard_bytes:
+        raise ValueError(f"output holds {target_bytes.numel()} bytes, {comm.world_size} shards need {comm.world_size * shard_bytes}")
+    rows = gathered.view(torch.uint8).view(comm.world_size, 4 * width)[:, :shard_bytes]
+    target_bytes[:comm.world_size * shard_bytes].copy_(rows.reshape(-1))
+    copy_back()
+    return stats
+
+
+def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+    """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,
+    exactly and bitwise identically on every rank. op: sum, mean/avg, max,
+    min, product (strings or torch ReduceOp)."""
+    import torch
+
+    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    name = {"avg": "mean", "prod": "product"}.get(name.lower(), name.lower())
+    if name not in ("sum", "mean", "max", "min", "product"):
+        raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
+    wrapped = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
+    flat = wrapped.reshape(-1).clone()
+    gathered = torch.empty((comm.world_size, flat.numel()), dtype=flat.dtype)
+    stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline)
+    if name in ("max", "min"):
+        result = gathered.amax(dim=0) if name == "max" else gathered.amin(dim=0)
+    else:
+        wide = gathered.to(torch.float64 if flat.dtype.is_floating_point or flat.dtype.is_complex else torch.int64)
+        result = wide.prod(dim=0) if name == "product" else wide.sum(dim=0)
+        if name == "mean":
+            result = result / comm.world_size
+    wrapped.copy_(result.to(flat.dtype).view(wrapped.shape))
+    return stats
+
+
+def barrier(comm, *, deadline=None):
+    """Returns once every rank has called it (an agreement round)."""
+    comm.agree(0, deadline=deadline)

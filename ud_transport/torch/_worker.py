@@ -1,0 +1,87 @@
+"""One thread per communicator that runs its collectives in the order they
+were issued, so callers (DDP's reducer, a comm hook) get a Work at once and
+compute overlaps communication: the engine releases the GIL while it runs.
+Every rank issues the same collectives in the same order, and this keeps it."""
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+class Work(dist._Work):
+    """A collective that runs (or ran) on the worker. wait() blocks until it
+    is done and raises its error, if any; get_future() gives a Future whose
+    value is `result` (what c10d expects, e.g. the list of tensors)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+        self._done = threading.Event()
+        self._error = None
+        self._future = torch.futures.Future()
+
+    def _finish(self, error=None):
+        self._error = error
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    def wait(self, timeout=None):
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if not self._done.wait(seconds if seconds else None):
+            raise TimeoutError("collective still running")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._result
+
+
+class SerialWorker:
+    def __init__(self, name):
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, run, result):
+        """Queue run() (which may raise); returns a Work carrying `result`."""
+        work = Work(result)
+        self._queue.put((run, work))
+        return work
+
+    def _loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            try:
+                run()
+            except BaseException as error:  # handed to whoever waits
+                work._finish(error)
+            else:
+                work._finish()
+
+    def close(self):
+        """Finish what is queued, then stop."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join()

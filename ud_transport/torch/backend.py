@@ -1,0 +1,322 @@
+"""The c10d backend "ud": torch.distributed.init_process_group(backend="ud").
+
+One Communicator per process group. Gradient traffic (allreduce and
+reduce_scatter of floating tensors with SUM or AVG, by default) is lossy with
+the configured budget; everything else (DDP's construction broadcasts and
+shape checks, barriers, integer and MAX/MIN reductions, all-gathers of
+parameters) is exact: the call is repeated until every rank holds the same
+complete result (ud_transport.exact). Collectives run in issue order on one
+thread per group; Work.wait() raises a collective's error.
+
+Configuration: pg_options=ud_transport.torch.BackendOptions(...), else the
+environment (see BackendOptions.from_environment)."""
+import datetime
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .. import exact
+from .. import options as options_module
+from ..communicator import Communicator
+from ..errors import LossBudgetExceeded
+from . import _common, policy
+from ._worker import SerialWorker
+
+LOSSY_KINDS = ("allreduce", "reduce_scatter")
+LOSSY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+# BackendOptions field -> environment variable (communicator options keep their own UD_* names)
+ENVIRONMENT = {
+    "loss_budget": "UD_LOSS_BUDGET",
+    "on_budget_miss": "UD_ON_BUDGET_MISS",
+    "lossy": "UD_LOSSY_COLLECTIVES",
+    "transport": "UD_TRANSPORT",
+}
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """loss_budget: the most of a lossy call's result that may be missing
+    (agreed across ranks); on_budget_miss: "use" (apply the unbiased estimate
+    and count the miss), "raise" (the Work raises LossBudgetExceeded and the
+    tensor keeps its values: not for DDP, whose reducer cannot recover) or
+    "skip" (as "use", for callers that check take_budget_misses() before
+    stepping); lossy: which collectives may lose data ("allreduce",
+    "reduce_scatter"; empty = all exact); deadline: seconds per call (None =
+    adaptive); communicator: keyword options of ud_transport.init()."""
+    loss_budget: float = 0.1
+    on_budget_miss: str = policy.USE
+    lossy: tuple = LOSSY_KINDS
+    deadline: float = None
+    algorithm: str = None
+    transport: str = "auto"
+    communicator: dict = field(default_factory=dict)
+
+    def validate(self):
+        if not 0.0 <= self.loss_budget <= 1.0:
+            raise ValueError(f"loss_budget must be in [0, 1], got {self.loss_budget!r}")
+        policy.check(self.on_budget_miss)
+        unknown = set(self.lossy) - set(LOSSY_KINDS)
+        if unknown:
+            raise ValueError(f"lossy may name {LOSSY_KINDS}, got {sorted(unknown)}")
+        return self
+
+    @classmethod
+    def from_environment(cls, **overrides):
+        values = {}
+        for name, variable in ENVIRONMENT.items():
+            if variable in os.environ:
+                raw = os.environ[variable]
+                values[name] = (float(raw) if name == "loss_budget"
+                                else tuple(k for k in raw.replace(" ", "").split(",") if k) if name == "lossy" else raw)
+        values.update(overrides)
+        return cls(**values).validate()
+
+
+def _op_name(op):
+    op = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType
+    return str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+
+
+class ProcessGroupUD(dist.ProcessGroup):
+    def __init__(self, store, rank, world_size, timeout, options=None, group_name=""):
+        super().__init__(rank, world_size)
+        self._ud_group_name = group_name
+        self.config = (options or BackendOptions.from_environment()).validate()
+        overrides = dict(self.config.communicator)
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
+        if seconds and "store_timeout_s" not in overrides:
+            overrides["store_timeout_s"] = min(seconds, options_module.Options.store_timeout_s)
+        resolved = options_module.build(**overrides)
+        # the store c10d hands us is already prefixed for this group
+        self.communicator = Communicator(rank, world_size, store, self.config.transport, resolved, name="c10d")
+        self._worker = SerialWorker(f"ud-{group_name or 'group'}")
+        _common.adopt_worker(self.communicator, self._worker)  # hooks on this communicator queue behind c10d's calls
+        self.counters = policy.StepCounters()
+        self.exact_calls = 0
+        self.budget_misses = 0
+        self._misses_since_taken = 0
+        self.last_stats = None
+
+    # -- identity -----------------------------------------------------------
+
+    # c10d keeps a group's name in its C++ backends, which a Python group
+    # has none of; DeviceMesh (FSDP2) reads it
+    def _set_group_name(self, name):
+        self._ud_group_name = name
+
+    @property
+    def group_name(self):
+        return self._ud_group_name
+
+    def getBackendName(self):
+        return "ud"
+
+    def name(self):
+        return "ud"
+
+    # -- what callers may read ------------------------------------------------
+
+    def take_budget_misses(self):
+        """Lossy calls that missed the budget since the last take (the same
+        number on every rank: misses are judged on agreed fractions). Waits
+        for queued collectives first."""
+        self._worker.submit(lambda: None, None).wait()
+        missed, self._misses_since_taken = self._misses_since_taken, 0
+        return missed
+
+    # -- one tensor at a time, on the worker ------------------------------------
+
+    def _lossy(self, kind, tensor, op):
+        return (kind in self.config.lossy and self.config.loss_budget > 0 and tensor.dtype in LOSSY_DTYPES
+                and _op_name(op) in ("sum", "avg"))
+
+    def _lossy_call(self, call):
+        raise_on_miss = self.config.on_budget_miss == policy.RAISE
+        try:
+            stats = call(self.config.loss_budget if raise_on_miss else 1.0)
+        except LossBudgetExceeded as error:
+            self._count_miss(error.stats)
+            raise
+        self.counters.record(stats)
+        if policy.missed(stats, self.config.loss_budget):
+            self._count_miss(stats)
+        self.last_stats = stats
+        return stats
+
+    def _count_miss(self, stats):
+        self.budget_misses += 1
+        self._misses_since_taken += 1
+        self.last_stats = stats
+
+    def _allreduce_one(self, tensor, op):
+        comm = self.communicator
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if self._lossy("allreduce", tensor, op):
+            self._lossy_call(lambda budget: comm.allreduce(work, op=_op_name(op), loss_budget=budget,
+                                                           deadline=self.config.deadline, algorithm=self.config.algorithm))
+        else:
+            self.exact_calls += 1
+            exact.allreduce(comm, work, _op_name(op), deadline=self.config.deadline)
+        if work is not tensor:
+            tensor.copy_(work)
+
+    def _reduce_scatter_one(self, output, flat_input, op):
+        comm = self.communicator
+        if self._lossy("reduce_scatter", flat_input, op):
+            target = output if output.is_contiguous() else output.contiguous()
+            self._lossy_call(lambda budget: comm.reduce_scatter(flat_input, target, op=_op_name(op), loss_budget=budget,
+                                                                deadline=self.config.deadline,
+                                                                algorithm=self.config.algorithm))
+        else:
+            self.exact_calls += 1
+            reduced = flat_input.clone()
+            exact.allreduce(comm, reduced, _op_name(op), deadline=self.config.deadline)
+            start, stop = comm.shard_range(reduced.numel())
+            target = reduced[start:stop]
+        if target.data_ptr() != output.data_ptr():
+            output.copy_(target.view(output.shape))
+
+    def _gather_one(self, output_flat, shard):
+        self.exact_calls += 1
+        exact.all_gather(self.communicator, shard.contiguous(), output_flat, deadline=self.config.deadline)
+
+    # -- c10d's entry points -----------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+        def run():
+            for tensor in tensors:
+                self._allreduce_one(tensor, op)
+        return self._worker.submit(run, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        root = opts.rootRank if opts is not None else 0
+
+        def run():
+            for tensor in tensors:
+                self.exact_calls += 1
+                exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline)
+        return self._worker.submit(run, tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        def run():
+            for outputs, shard in zip(output_tensors, input_tensors):
+                gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
+                self._gather_one(gathered, shard)
+                for rank, output in enumerate(outputs):
+                    output.copy_(gathered[rank].view(output.shape))
+        return self._worker.submit(run, output_tensors)
+
+    def _allgather_base(self, output, shard, opts=None):
+        def run():
+            self._gather_one(output, shard)
+        return self._worker.submit(run, output)
+
+    def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
+        def run():
+            for output, shard in zip(outputs, shards):
+                self._gather_one(output, shard)
+        return self._worker.submit(run, outputs)
+
+    # torch 2.13 calls these for all_gather_into_tensor / reduce_scatter_tensor / their coalesced forms
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+        def run():
+            for output, pieces in zip(output_tensors, input_lists):
+                if len({p.numel() for p in pieces}) != 1 or pieces[0].numel() != output.numel():
+                    raise ValueError("reduce_scatter on 'ud' needs one input per rank, each the size of the output")
+                self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op)
+        return self._worker.submit(run, output_tensors)
+
+    def _reduce_scatter_base(self, output, flat_input, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if flat_input.numel() != output.numel() * self.size():
+            raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
+                             f"output {output.numel()} x {self.size()} ranks")
+
+        def run():
+            self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
+        return self._worker.submit(run, output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+        def run():
+            for output, flat_input in zip(outputs, inputs):
+                self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
+        return self._worker.submit(run, outputs)
+
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def barrier(self, opts=None):
+        return self._worker.submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
+
+    def _unsupported(self, name):
+        raise NotImplementedError(f"the 'ud' backend does not implement {name}; supported: allreduce, broadcast, "
+                                  "allgather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
+
+    def send(self, *args, **kwargs):
+        self._unsupported("send")
+
+    def recv(self, *args, **kwargs):
+        self._unsupported("recv")
+
+    def recv_anysource(self, *args, **kwargs):
+        self._unsupported("recv_anysource")
+
+    def alltoall(self, *args, **kwargs):
+        self._unsupported("alltoall")
+
+    def alltoall_base(self, *args, **kwargs):
+        self._unsupported("all_to_all_single")
+
+    def all_to_all_single(self, *args, **kwargs):
+        self._unsupported("all_to_all_single")
+
+    def gather(self, *args, **kwargs):
+        self._unsupported("gather")
+
+    def scatter(self, *args, **kwargs):
+        self._unsupported("scatter")
+
+    def reduce(self, *args, **kwargs):
+        self._unsupported("reduce")
+
+    def shutdown(self):
+        self._worker.close()
+        self.communicator.close()
+
+    def abort(self):
+        self.shutdown()
+
+
+def _create(backend_options, pg_options):
+    """c10d's creator (extended API): one communicator per group."""
+    if pg_options is not None and not isinstance(pg_options, BackendOptions):
+        raise TypeError(f"pg_options for backend 'ud' must be ud_transport.torch.BackendOptions, got {type(pg_options).__name__}")
+    return ProcessGroupUD(backend_options.store, backend_options.group_rank, backend_options.group_size,
+                          backend_options.timeout, pg_options, str(backend_options.group_id))
+
+
+def register():
+    """Make backend="ud" known to torch.distributed (done on importing
+    ud_transport.torch; safe to call again)."""
+    if "UD" not in dist.Backend._plugins:
+        dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu"])

@@ -1,0 +1,52 @@
+"""What happens when gradient traffic misses its loss budget. The budget
+check uses the fractions every rank agreed on, so every rank takes the same
+branch without another round."""
+from dataclasses import asdict, dataclass
+
+USE = "use"      # apply what arrived (unbiased, noisier); count it
+SKIP = "skip"    # skip this optimizer step on every rank (like AMP's GradScaler on inf)
+RAISE = "raise"  # raise LossBudgetExceeded after backward, where the caller can handle it
+POLICIES = (USE, SKIP, RAISE)
+
+
+def check(policy):
+    if policy not in POLICIES:
+        raise ValueError(f"on_budget_miss must be one of {POLICIES}, got {policy!r}")
+    return policy
+
+
+def missed(stats, loss_budget):
+    """Did a call whose agreed fractions are in `stats` miss `loss_budget`?"""
+    return 1.0 - min(stats.reduce_fraction, stats.gather_fraction) > loss_budget + 1e-12
+
+
+@dataclass
+class StepCounters:
+    """How often each branch was taken, and what the lossy traffic delivered."""
+    steps: int = 0
+    stepped: int = 0           # optimizer steps taken with everything within budget
+    used_short: int = 0        # steps taken on a result that missed the budget (policy "use")
+    skipped: int = 0           # steps skipped on every rank (policy "skip", or a peer timed out)
+    raised: int = 0            # steps that raised (policy "raise")
+    exact_steps: int = 0       # steps whose collectives were made exact (phase-aware budget 0)
+    calls: int = 0             # lossy collectives
+    reduce_calls: int = 0
+    reduce_fraction_sum: float = 0.0
+    gather_calls: int = 0
+    gather_fraction_sum: float = 0.0
+
+    def record(self, stats):
+        """Count one lossy call's agreed fractions (the halves it has)."""
+        self.calls += 1
+        if stats.collective in ("allreduce", "reduce_scatter"):
+            self.reduce_calls += 1
+            self.reduce_fraction_sum += stats.reduce_fraction
+        if stats.collective in ("allreduce", "all_gather", "broadcast"):
+            self.gather_calls += 1
+            self.gather_fraction_sum += stats.gather_fraction
+
+    def to_dict(self):
+        values = asdict(self)
+        values["mean_reduce_fraction"] = self.reduce_fraction_sum / self.reduce_calls if self.reduce_calls else 1.0
+        values["mean_gather_fraction"] = self.gather_fraction_sum / self.gather_calls if self.gather_calls else 1.0
+        return values

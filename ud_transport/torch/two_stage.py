@@ -1,0 +1,168 @@
+"""The seed paper's two-stage step (Weintraub et al. 2025), as an optimizer
+wrapper in the spirit of ZeroRedundancyOptimizer:
+
+    opt = LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=2e-3), loss_budget=0.1)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+step() (1) reduce-scatters the flat gradient, lossy, each shard's owner
+rescaling what reached it (unbiased); (2) the owner steps its shard with the
+wrapped optimizer, whose state lives only there; (3) all-gathers the updated
+parameters, where a chunk that does not arrive keeps its previous value. So
+every replica is pulled back to the owners' values whenever a chunk arrives:
+drift between replicas stays bounded, instead of growing as it does when
+each replica applies its own estimate of the gradient.
+
+Equal to plain data parallel at no loss for elementwise optimizers (SGD,
+Adam, AdamW, ...): an optimizer that looks at whole tensors (LAMB, Shampoo)
+would see shard pieces instead. Use it on a plain model, not inside DDP (it
+does the gradient communication itself)."""
+import torch
+
+from .. import exact
+from ..errors import LossBudgetExceeded
+from . import policy
+from ._common import communicator_of, flatten, unflatten_into
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+class LossTolerantOptimizer:
+    def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
+                 algorithm=None, phase_budget=None):
+        """optimizer: a constructed torch optimizer over the model's
+        parameters (its class and per-group settings are reused for the
+        shard; its state, if any, is dropped). communicator: a Communicator,
+        a "ud" process group, or None (the default). loss_budget: the most of
+        either half that may be missing; a budget of 0 makes that step's
+        collectives exact. phase_budget: a PhaseAwareBudget choosing the
+        budget per step instead."""
+        if not 0.0 <= loss_budget <= 1.0:
+            raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
+        self.communicator = communicator_of(communicator)
+        self.loss_budget = loss_budget
+        self.on_budget_miss = policy.check(on_budget_miss)
+        self.deadline = deadline
+        self.algorithm = algorithm
+        self.phase_budget = phase_budget
+        self.counters = policy.StepCounters()
+        self.last_stats = None
+        self.budgets = []  # the budget each step used
+        self._groups = [dict(g) for g in optimizer.param_groups]
+        self._params = [p for g in self._groups for p in g["params"]]
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_DTYPES:
+            raise TypeError(f"LossTolerantOptimizer needs parameters of one floating dtype, got {sorted(map(str, dtypes))}")
+        if any(p.device.type != "cpu" for p in self._params):
+            raise ValueError("LossTolerantOptimizer takes CPU parameters (copy to the host around it on GPUs)")
+        self.dtype = next(iter(dtypes))
+        self._flat = flatten(self._params)
+        # every replica starts from rank 0's parameters, exactly
+        exact.broadcast(self.communicator, self._flat, 0, deadline=deadline)
+        unflatten_into(self._flat, self._params)
+        self.count = self._flat.numel()
+        self.shard = self.communicator.shard_range(self.count)
+        self._inner, self._pieces = self._shard_optimizer(type(optimizer))
+
+    def _shard_optimizer(self, optimizer_class):
+        """The wrapped optimizer's class over this rank's shard: one piece
+        per parameter group the shard overlaps, with that group's settings."""
+        start, stop = self.shard
+        groups, pieces, offset = [], [], 0
+        for group in self._groups:
+            size = sum(p.numel() for p in group["params"])
+            low, high = max(start, offset), min(stop, offset + size)
+            if low < high:
+                piece = torch.nn.Parameter(self._flat[low:high].clone())
+                pieces.append((piece, low - start, high - start))
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [piece]})
+            offset += size
+        return (optimizer_class(groups) if groups else None), pieces
+
+    # -- the optimizer interface --------------------------------------------------
+
+    @property
+    def param_groups(self):
+        """The shard optimizer's groups (LR schedulers change them here)."""
+        return self._inner.param_groups if self._inner is not None else []
+
+    @property
+    def state(self):
+        return self._inner.state if self._inner is not None else {}
+
+    def state_dict(self):
+        """This rank's shard of the optimizer state (save one per rank)."""
+        return self._inner.state_dict() if self._inner is not None else {}
+
+    def load_state_dict(self, state):
+        if self._inner is not None:
+            self._inner.load_state_dict(state)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self._params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step. Returns True if the parameters were updated, False if
+        the step was skipped on every rank (policy "skip"); raises
+        LossBudgetExceeded (policy "raise") or a transport error, with the
+        parameters and optimizer state unchanged."""
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        comm = self.communicator
+        grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params], self.dtype)
+        budget = self.phase_budget.budget(grads) if self.phase_budget is not None else self.loss_budget
+        self.budgets.append(budget)
+        self.counters.steps += 1
+        start, stop = self.shard
+        shard_grad = torch.zeros(stop - start, dtype=self.dtype)
+        if budget == 0.0:  # a protected step: both halves exact
+            self.counters.exact_steps += 1
+            exact.allreduce(comm, grads, "mean", deadline=self.deadline)
+            shard_grad.copy_(grads[start:stop])
+            missed = False
+        else:
+            raise_on_miss = self.on_budget_miss == policy.RAISE
+            try:
+                stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
+                                            deadline=self.deadline, algorithm=self.algorithm)
+            except LossBudgetExceeded:
+                self.counters.raised += 1
+                raise
+            self.counters.record(stats)
+            self.last_stats = stats
+            missed = policy.missed(stats, budget)
+        if missed and self.on_budget_miss == policy.SKIP:
+            self.counters.skipped += 1
+            return False
+        if missed:
+            self.counters.used_short += 1
+        else:
+            self.counters.stepped += 1
+        if self._inner is not None:
+            for piece, low, high in self._pieces:
+                piece.grad = shard_grad[low:high].clone()
+            self._inner.step()
+        own = self.owner_values()
+        self._flat.copy_(flatten(self._params))  # where a chunk does not arrive, it keeps this replica's value
+        if budget == 0.0:
+            exact.all_gather(comm, own, self._flat, deadline=self.deadline)
+        else:
+            stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm)
+            self.counters.record(stats)
+        unflatten_into(self._flat, self._params)
+        return True
+
+    def owner_values(self):
+        """This rank's shard as the owner holds it (for exact re-alignment)."""
+        start, stop = self.shard
+        own = torch.empty(stop - start, dtype=self.dtype)
+        for piece, low, high in self._pieces:
+            own[low:high] = piece.detach()
+        return own
