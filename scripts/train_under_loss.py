@@ -16,6 +16,7 @@ parameters travel:
               shard, stale-retaining all-gather of parameters
   +sync       ParameterSync every 50 steps (exact)
   +phase      PhaseAwareBudget: exact collectives in critical phases
+  exact gather  only gradients are lost: the parameter all-gather is exact
 Loss is injected below each rank's engine on every datagram (data, credits,
 verdicts): i.i.d. Bernoulli, or a Gilbert-Elliott microburst schedule.
 
@@ -108,7 +109,8 @@ def run_arm(comm, arm, config):
         optimizer = inner
     elif method == "two_stage":
         phase = udt.PhaseAwareBudget(stable_budget=1.0, critical_budget=0.0, communicator=comm) if arm.get("phase") else None
-        optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase)
+        optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase,
+                                              exact_gather=arm.get("exact_gather", False))
     else:
         optimizer = inner
     sync = None
@@ -188,6 +190,7 @@ def arms_for(quick):
     arms += [dict(name="plain 10% +sync", method="plain", loss="0.1", sync=True),
              dict(name="two_stage 10% +sync", method="two_stage", loss="0.1", sync=True),
              dict(name="two_stage 10% +phase", method="two_stage", loss="0.1", phase=True),
+             dict(name="two_stage 10% exact gather", method="two_stage", loss="0.1", exact_gather=True),
              dict(name="plain burst", method="plain", loss="burst"),
              dict(name="two_stage burst", method="two_stage", loss="burst"),
              dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True)]
