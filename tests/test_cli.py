@@ -44,11 +44,12 @@ def test_bench_across_veth_hosts_runs_both_backends_over_the_links():
 
 
 def test_info_explains_what_it_finds():
-    """Exit status 0 when an RDMA device is usable, 1 when not; either way it says what auto picks."""
+    """Exit status 0 when a transport works (UDP without RDMA is the normal
+    case); it says what auto picks."""
     result = run("info")
     resolved = "resolves to: verbs" in result.stdout
     assert resolved or "resolves to: udp" in result.stdout, result.stdout + result.stderr
-    assert result.returncode == (0 if resolved else 1)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_info_shows_udp_batching_and_the_granted_receive_buffer():
