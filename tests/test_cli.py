@@ -77,3 +77,16 @@ def test_version_and_help():
     assert version.returncode == 0 and version.stdout.strip() == f"ud_transport {ud_transport.__version__}"
     helped = run("--help")
     assert helped.returncode == 0 and "exit codes" in helped.stdout and "simulate" in helped.stdout
+
+
+def test_bench_rejects_bad_values_with_one_line_and_exit_2():
+    for arguments in (["--iterations", "0"], ["--sizes", "4Q"], ["--algorithm", "tree"], ["--loss", "2"]):
+        result = run("bench", *arguments)
+        assert result.returncode == 2, (arguments, result.stderr)
+        assert result.stderr.strip().splitlines()[-1].startswith("python -m ud_transport bench: error:"), result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_bench_help_shows_defaults():
+    result = run("bench", "--help")
+    assert result.returncode == 0 and "(default: 20)" in result.stdout and "(default: 4K,1M,64M)" in result.stdout

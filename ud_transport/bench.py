@@ -60,7 +60,7 @@ def _reset_peak_memory():
 
 
 def _progress(total, enabled):
-    if not enabled:
+    if not enabled or not sys.stderr.isatty():  # progress bars only for a person watching
         return None
     try:
         from tqdm import tqdm
@@ -198,8 +198,10 @@ def ratios_to_gloo(rows):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__, formatter_class=Formatter)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--sizes", default="4K,1M,64M", help="comma-separated byte sizes, e.g. 4K,1M,64M")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "int32"])
@@ -224,8 +226,30 @@ def build_parser():
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none is drawn off a terminal)")
+    for action in parser._actions:
+        if action.help is None:
+            action.help = "(default: %(default)s)"  # so --help shows every default
     return parser
+
+
+def check_arguments(parser, args):
+    """Bad values end in one line saying what was wrong and exit status 2."""
+    if args.iterations < 1 or args.warmup < 0 or args.world_size < 1:
+        parser.error("--iterations and --world-size must be at least 1, --warmup at least 0")
+    if not (0 <= args.loss < 1 and 0 <= args.kernel_loss < 1 and 0 <= args.loss_budget <= 1):
+        parser.error("--loss and --kernel-loss must be in [0, 1), --loss-budget in [0, 1]")
+    if args.deadline is not None and args.deadline <= 0:
+        parser.error("--deadline must be positive")
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    except (ValueError, KeyError, IndexError):
+        parser.error(f"--sizes: cannot read {args.sizes!r} (e.g. 4K,1M,64M)")
+    if any(size <= 0 for size in sizes):
+        parser.error("--sizes must be positive")
+    unknown = {name.strip() for name in args.algorithm.split(",")} - {"auto", "ring", "direct"}
+    if unknown:
+        parser.error(f"--algorithm: unknown {', '.join(sorted(unknown))} (choose from auto, ring, direct)")
 
 
 def main(argv=None):
@@ -235,7 +259,9 @@ def main(argv=None):
     from .kernel_loss import LossyNamespace
     from .local_cluster import free_tcp_port
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
     config = dict(sizes=[parse_size(s) for s in args.sizes.split(",")], dtype=args.dtype, op=args.op,
                   iterations=args.iterations, warmup=args.warmup, loss_budget=args.loss_budget, deadline=args.deadline,
                   gloo=args.gloo, seed=args.seed, progress=args.progress,
