@@ -197,8 +197,10 @@ static int flush(struct call *c, struct send_batch *b)
     if (sent < 0)
         return sent;
     c->stats->datagrams_sent += (uint64_t)sent;
-    for (int i = b->n - 1; i >= sent; i--)
+    for (int i = b->n - 1; i >= sent; i--) {
         c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in chunk order */
+        comm_of(c)->peers[b->items[i].peer].chunks_queued--;
+    }
     int taken = sent;
     b->n = 0;
     return taken;
@@ -221,7 +223,9 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
     }
     uint32_t chunk = state->sent_chunk;
     for (; chunk < chunk_count && b->n < SEND_BATCH; chunk++) {
-        if (g * c->max_chunks + chunk >= peer->credit_limit) {
+        /* a credit is a position, and covers at most a window beyond what we had sent
+         * when it came: a forged credit cannot make us overrun the receiver by more */
+        if (g * c->max_chunks + chunk >= peer->credit_limit || peer->chunks_queued >= peer->credit_base + c->window_chunks) {
             c->stats->credit_stalls++;
             break;
         }
@@ -252,6 +256,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
                                                 .payload_bytes = h.payload_bytes};
         b->step[b->n] = g;
         b->chunk[b->n++] = chunk;
+        peer->chunks_queued++;
     }
     state->sent_chunk = chunk;
     return chunk >= chunk_count;
@@ -404,18 +409,48 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     note_peer_step(comm, peer, h->step);
 }
 
-static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t peer)
+/* Decide what a CREDIT datagram is, changing nothing. A credit names a
+ * position in one of our send steps to its sender; none is higher than the
+ * end of our last such step (an early credit is checked when its call starts). */
+static enum admission admit_credit(const struct call *c, const struct udt_comm *comm, const struct udt_wire_header *h,
+                                   uint32_t bytes, uint32_t peer)
 {
+    if (bytes != UDT_WIRE_HEADER_BYTES || h->payload_bytes != 0 || h->flags != 0 || h->reserved != 0 || h->phase != 0 ||
+        h->step != 0 || h->chunk_index != 0 || h->contributions != 0)
+        return DROP_INVALID;
+    if (h->sequence == c->sequence + 1)
+        return ADMIT;
+    if (h->sequence != c->sequence)
+        return DROP_QUIET; /* a refresh of an earlier call's credit */
+    if (h->layout_tag != c->layout_tag || h->credit > comm->peers[peer].credit_ceiling)
+        return DROP_INVALID;
+    return ADMIT;
+}
+
+static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer)
+{
+    switch (admit_credit(c, comm, h, bytes, peer)) {
+    case ADMIT:
+        break;
+    case DROP_INVALID:
+        c->stats->dropped_invalid++;
+        return;
+    default:
+        return;
+    }
     struct peer_state *p = &comm->peers[peer];
     if (h->sequence == c->sequence) {
         p->heard = 1;
-        if (h->credit > p->credit_limit)
+        if (h->credit >= p->credit_limit) {
             p->credit_limit = h->credit;
-    } else if (h->sequence == c->sequence + 1) {
+            p->credit_base = p->chunks_queued;
+        }
+    } else {
         /* the peer started the next call already: keep its credit for then */
         if (p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
             p->early_credit = h->credit;
         p->early_credit_sequence = h->sequence;
+        p->early_credit_layout = h->layout_tag;
         p->heard = 1;
         udt_verdict_peer_moved_on(c, comm, peer);
     }
@@ -438,7 +473,7 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
     const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
     switch (h.kind) {
     case UDT_KIND_CREDIT:
-        on_credit(c, comm, &h, peer);
+        on_credit(c, comm, &h, item->bytes, peer);
         return;
     case UDT_KIND_AGREE:
         udt_verdict_receive(c, comm, &h, payload, item->bytes - UDT_WIRE_HEADER_BYTES, peer, now);
@@ -859,7 +894,10 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->drops_before = comm->transport->counter_injected_drops;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        peer->credit_limit = peer->early_credit_sequence == c->sequence ? peer->early_credit : 0;
+        peer->credit_limit = 0;
+        peer->credit_ceiling = 0;
+        peer->chunks_queued = 0;
+        peer->credit_base = 0;
         peer->heard = peer->early_credit_sequence == c->sequence;
         peer->granted = 0;
         peer->granted_at_ns = 0;
@@ -871,6 +909,18 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     int rc = prepare(comm, c);
     if (rc != UDT_OK)
         return rc;
+    for (uint32_t g = 0; g < c->schedule.steps; g++)
+        if (c->step[g].send_peer != UDT_NO_PEER)
+            comm->peers[c->step[g].send_peer].credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
+    for (uint32_t p = 0; p < c->n; p++) {
+        struct peer_state *peer = &comm->peers[p];
+        if (peer->early_credit_sequence != c->sequence)
+            continue;
+        if (peer->early_credit_layout == c->layout_tag && peer->early_credit <= peer->credit_ceiling)
+            peer->credit_limit = peer->early_credit;
+        else
+            stats->dropped_invalid++; /* checked now that the call's schedule is known */
+    }
     c->phase = PHASE_DATA;
     if (c->n == 1) {
         c->phase = PHASE_DONE; /* nothing to exchange, nobody to disagree with */

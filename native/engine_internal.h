@@ -35,6 +35,9 @@ struct verdict_slot {
 struct peer_state {
     /* this call */
     uint32_t credit_limit;   /* we may send it positions below this */
+    uint32_t credit_ceiling; /* end of our last send step to it: no valid credit is higher */
+    uint32_t chunks_queued;  /* chunks handed to the transport for it */
+    uint32_t credit_base;    /* chunks_queued when its last credit came: a credit covers at most a window more */
     uint32_t granted;        /* the last credit we sent it */
     uint32_t wanted;         /* scratch of grant_credits */
     uint32_t wanted_epoch;
@@ -47,7 +50,7 @@ struct peer_state {
     uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
     /* kept between calls */
-    uint32_t early_credit_sequence, early_credit;
+    uint32_t early_credit_sequence, early_credit, early_credit_layout;
     struct verdict_slot slot[2];
 };
 

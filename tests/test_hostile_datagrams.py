@@ -117,6 +117,13 @@ def forgeries(rank, algorithm, session, sequence, layout):
     assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
     payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
 
+    downstream = steps[0]["send_peer"]
+
+    def credit(value, **fields):
+        fields = {"kind": wire_format.KIND_CREDIT, "session_id": session, "sequence": sequence, "source_rank": downstream,
+                  "contributions": 0, "layout": layout, "credit": value, **fields}
+        return wire_format.header(**fields)
+
     def data(chunk, source=upstream, **fields):
         fields = {"kind": wire_format.KIND_DATA, "session_id": session, "sequence": sequence, "source_rank": source,
                   "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, **fields}
@@ -138,6 +145,12 @@ def forgeries(rank, algorithm, session, sequence, layout):
         (other, data(2, source=other), "dropped_invalid"),  # a real peer, but not the one step 0 names
         (upstream, data(3, source=other), "dropped_foreign"),  # claims another rank than its address
         (upstream, data(3, version=1), "dropped_foreign"),  # the wire format before schedules
+        # credits (finding 6): beyond the end of every send step to that peer, carrying a payload,
+        # naming a step, or for another layout; each counted, none moves a credit limit
+        (downstream, credit(2**31), "dropped_invalid"),
+        (downstream, credit(1, payload_bytes=16) + bytes(16), "dropped_invalid"),
+        (downstream, credit(1, step=1), "dropped_invalid"),
+        (downstream, credit(1, layout=layout ^ 1), "dropped_invalid"),
     ]
 
 
