@@ -353,7 +353,11 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     uint64_t elements = chunk_length(c, block, h->chunk_index);
     uint64_t id = c->chunk_base[block] + h->chunk_index;
     if (h->payload_bytes != elements * c->wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
-        h->contributions == 0 || h->credit > chunks_in_block(c, block))
+        h->contributions == 0)
+        return DROP_INVALID;
+    /* the count the sender announces (finding 7): exact when the schedule says it holds the
+     * whole block; else at least what already arrived plus this one, at most the block */
+    if (step->recv_whole ? h->credit != chunks_in_block(c, block) : h->credit == 0 || h->credit > chunks_in_block(c, block))
         return DROP_INVALID;
     if (c->state[h->step].closed)
         return DROP_STALE;
@@ -362,8 +366,8 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     /* after the duplicate check: a chunk several senders add to (direct) may be full already
      * because a forged copy got in first; the real one is then a duplicate, not malformed */
     uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
-    if (h->contributions > most)
-        return DROP_INVALID;
+    if (h->contributions > most || h->credit <= c->state[h->step].received)
+        return DROP_INVALID; /* more contributions than ranks, or fewer chunks announced than already came */
     if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;
@@ -399,7 +403,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
     s->received++;
     s->last_arrival_ns = now;
-    if (h->credit && s->announced == 0)
+    if (h->credit > s->announced) /* the largest wins: a sender cannot send more than it has */
         s->announced = h->credit;
     if (h->chunk_index + 1 > s->seen_end) {
         s->seen_end = h->chunk_index + 1;
@@ -563,8 +567,8 @@ void udt_close_all_steps(struct call *c)
 {
     while (c->recv_step < c->schedule.steps) {
         struct step_state *s = &c->state[c->recv_step];
-        if (s->expected && s->received < s->expected && !(s->announced && s->received >= s->announced))
-            c->stats->steps_timed_out++;
+        if (s->expected && s->received < s->expected)
+            s->announced && s->received >= s->announced ? c->stats->steps_ended++ : c->stats->steps_timed_out++;
         close_step(c, c->recv_step++);
     }
 }
@@ -578,6 +582,12 @@ static uint64_t step_idle_since(const struct call *c, uint32_t g)
     if (comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->seen_end)
         return 0;
     return s->last_arrival_ns;
+}
+
+/* When a step received every chunk its sender announced (0: not yet). */
+static uint64_t announced_end_ns(const struct step_state *s)
+{
+    return s->announced && s->received >= s->announced ? s->last_arrival_ns : 0;
 }
 
 static uint64_t silence_after(const struct call *c) { return c->start_ns + (c->deadline_ns - c->start_ns) / 2; }
@@ -594,9 +604,13 @@ static int close_ready_steps(struct call *c, uint64_t now)
         struct step_state *s = &c->state[g];
         int32_t p = c->step[g].recv_peer;
         int empty = p == UDT_NO_PEER || s->expected == 0;
-        int complete = s->received >= s->expected || (s->announced && s->received >= s->announced);
+        int complete = s->received >= s->expected;
         struct peer_state *peer = empty ? NULL : &comm->peers[p];
+        /* a relay that announced fewer chunks than the block has ends like an END marker:
+         * after the reorder grace, in which a larger announcement (the real one) may come */
+        uint64_t announced_at = announced_end_ns(s);
         int ended = !empty && ((s->end_seen_ns && now - s->end_seen_ns >= us(o->reorder_grace_us)) ||
+                               (announced_at && now - announced_at >= us(o->reorder_grace_us)) ||
                                (peer->finished && now - peer->finished_at_ns >= us(o->reorder_grace_us)));
         /* the sender already sends us a later step: all of this one that will come, came */
         int superseded = !empty && peer->highest_step_seen > g + 1;
@@ -968,6 +982,8 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm)
     uint64_t grace = us(comm->options.reorder_grace_us);
     if (s->end_seen_ns && s->end_seen_ns + grace < wake)
         wake = s->end_seen_ns + grace;
+    if (announced_end_ns(s) && announced_end_ns(s) + grace < wake)
+        wake = announced_end_ns(s) + grace;
     if (p != UDT_NO_PEER && comm->peers[p].finished && comm->peers[p].finished_at_ns + grace < wake)
         wake = comm->peers[p].finished_at_ns + grace;
     return wake;

@@ -85,7 +85,7 @@ struct udt_collective_stats {
     uint32_t steps;
     uint32_t critical_path;      /* hops on the schedule's longest dependency chain */
     /* how receive steps that missed chunks were closed */
-    uint32_t steps_ended;        /* by the sender's END marker (or its verdict message) */
+    uint32_t steps_ended;        /* by the sender's END marker, its verdict message, or all it announced having come */
     uint32_t steps_superseded;   /* by data of a later step from the same peer */
     uint32_t steps_idle_closed;  /* quiet after a gap */
     uint32_t steps_timed_out;    /* by their share of the deadline */

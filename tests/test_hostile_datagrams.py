@@ -116,6 +116,10 @@ def forgeries(rank, algorithm, session, sequence, layout):
     chunk_elements = CHUNK_BYTES // 4
     assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
     payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
+    block = steps[0]["recv_block"]
+    block_chunks = -(-(_native.block_start(COUNT, WORLD, block + 1) - _native.block_start(COUNT, WORLD, block))
+                     // chunk_elements)
+    assert steps[0]["recv_whole"]  # a reduce step: the sender sends every chunk of the block
 
     downstream = steps[0]["send_peer"]
 
@@ -126,10 +130,14 @@ def forgeries(rank, algorithm, session, sequence, layout):
 
     def data(chunk, source=upstream, **fields):
         fields = {"kind": wire_format.KIND_DATA, "session_id": session, "sequence": sequence, "source_rank": source,
-                  "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, **fields}
+                  "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, "credit": block_chunks,
+                  **fields}
         return wire_format.header(**fields) + payload
 
     return [
+        # first: the chunk count a sender announces (finding 7) is known from the schedule here;
+        # believed, one chunk would close the step and lose the rest, blamed on nobody
+        (upstream, data(2, credit=1), "dropped_invalid"),
         (upstream, data(0), None),  # a faithful copy arrives first, so the real one becomes the duplicate
         (upstream, data(1, sequence=sequence - 1), "dropped_stale"),  # the previous call's
         (upstream, data(10**6), "dropped_invalid"),  # chunk out of range
@@ -139,6 +147,7 @@ def forgeries(rank, algorithm, session, sequence, layout):
         (upstream, data(2, phase=wire_format.PHASE_GATHER), "dropped_invalid"),  # step 0 is in the reduce half
         (upstream, data(2, contributions=0), "dropped_invalid"),  # a payload that sums nobody
         (upstream, data(2, kind=9), "dropped_invalid"),  # no such kind
+        (upstream, data(2, credit=block_chunks + 1), "dropped_invalid"),  # more chunks announced than the block has
         (upstream, wire_format.header(kind=wire_format.KIND_AGREE, session_id=session, sequence=sequence,
                                       source_rank=upstream, payload_bytes=16, layout=layout) + bytes(16),
          "dropped_invalid"),  # a verdict of the wrong size
