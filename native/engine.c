@@ -107,8 +107,8 @@ static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t pe
     h.credit = credit;
     uint8_t *slot = comm->headers[SEND_BATCH];
     udt_wire_encode(&h, slot);
-    struct udt_send_item items[8];
-    int n = copies < 8 ? copies : 8;
+    struct udt_send_item items[UDT_MAX_END_REPEATS];
+    int n = copies < UDT_MAX_END_REPEATS ? copies : UDT_MAX_END_REPEATS;
     for (int i = 0; i < n; i++)
         items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
     int rc = udt_transport_send(comm->transport, items, n);
@@ -451,10 +451,11 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
         }
     } else {
         /* the peer started the next call already: keep its credit for then */
-        if (p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
+        if (!p->early_credit_valid || p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
             p->early_credit = h->credit;
         p->early_credit_sequence = h->sequence;
         p->early_credit_layout = h->layout_tag;
+        p->early_credit_valid = 1;
         p->heard = 1;
         udt_verdict_peer_moved_on(c, comm, peer);
     }
@@ -893,7 +894,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     if (args->collective == UDT_AGREE)
         c->args.count = 0;
     c->stats = stats;
-    comm->sequence++;
+    comm->sequence++; /* wraps modulo 2^32: every comparison is equality or +1 modulo 2^32 */
     stats->sequence = comm->sequence;
     c->sequence = comm->sequence;
     c->n = comm->world_size;
@@ -912,7 +913,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->credit_ceiling = 0;
         peer->chunks_queued = 0;
         peer->credit_base = 0;
-        peer->heard = peer->early_credit_sequence == c->sequence;
+        peer->heard = peer->early_credit_valid && peer->early_credit_sequence == c->sequence;
         peer->granted = 0;
         peer->granted_at_ns = 0;
         peer->highest_step_seen = 0;
@@ -928,8 +929,9 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
             comm->peers[c->step[g].send_peer].credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        if (peer->early_credit_sequence != c->sequence)
+        if (!peer->early_credit_valid || peer->early_credit_sequence != c->sequence)
             continue;
+        peer->early_credit_valid = 0;
         if (peer->early_credit_layout == c->layout_tag && peer->early_credit <= peer->credit_ceiling)
             peer->credit_limit = peer->early_credit;
         else
@@ -1137,6 +1139,15 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
     comm->world_size = world_size;
     comm->session_id = session_id;
     comm->options = *options;
+    if (options->end_repeats > UDT_MAX_END_REPEATS) {
+        snprintf(error, (size_t)error_bytes, "end_repeats %u must be at most %d", options->end_repeats, UDT_MAX_END_REPEATS);
+        free(comm->staging);
+        free(comm->peers);
+        free(comm->geometry);
+        free(comm->block_scratch);
+        free(comm);
+        return NULL;
+    }
     if (comm->options.end_repeats == 0)
         comm->options.end_repeats = 1;
     if (comm->options.agree_resend_us == 0)
@@ -1168,4 +1179,12 @@ void udt_comm_destroy(struct udt_comm *comm)
 }
 
 const char *udt_comm_error(const struct udt_comm *comm) { return comm->error; }
+
+int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence)
+{
+    if (comm->call.phase != PHASE_IDLE)
+        return -1;
+    comm->sequence = sequence;
+    return 0;
+}
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm) { return comm->options.chunk_bytes; }

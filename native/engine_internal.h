@@ -51,6 +51,7 @@ struct peer_state {
     uint64_t verdict_resend_ns;
     /* kept between calls */
     uint32_t early_credit_sequence, early_credit, early_credit_layout;
+    uint8_t early_credit_valid; /* sequence numbers wrap: 0 is a call like any other, not "none" */
     struct verdict_slot slot[2];
 };
 
@@ -118,6 +119,7 @@ struct udt_comm {
     struct peer_state *peers;
     /* our own verdict of the previous call, to answer peers still in it */
     uint32_t last_verdict_sequence;
+    uint8_t have_last_verdict;
     uint32_t last_layout_tag;
     uint8_t last_verdict[UDT_VERDICT_BYTES];
     /* buffers kept between calls so a steady workload allocates nothing */

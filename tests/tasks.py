@@ -297,3 +297,18 @@ def every_collective_failing(comm, count, algorithm, how):
         except ud_transport.TransportError as error:
             outcome[name] = (type(error).__name__, getattr(error, "rank", None), _unchanged(before, *tensors))
     return outcome
+
+
+def allreduces_across_wrap(comm, last_sequence, calls, algorithm):
+    """Set the sequence number of the last call on this rank (every rank alike),
+    then run `calls` allreduces: (sequences seen, all exact, delivered fractions)."""
+    comm._engine.set_sequence(last_sequence)
+    expected = comm.world_size * (comm.world_size + 1) / 2
+    sequences, exact, fractions = [], True, []
+    for _ in range(calls):
+        tensor = np.full(2000, comm.rank + 1, dtype=np.float32)
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+        sequences.append(stats.sequence)
+        fractions.append(stats.delivered_fraction)
+        exact = exact and bool(np.all(tensor == expected))
+    return sequences, exact, fractions
