@@ -312,3 +312,14 @@ def allreduces_across_wrap(comm, last_sequence, calls, algorithm):
         fractions.append(stats.delivered_fraction)
         exact = exact and bool(np.all(tensor == expected))
     return sequences, exact, fractions
+
+
+def misaligned_allreduce(comm, count, dtype, offset, algorithm):
+    """An allreduce on an array that starts `offset` bytes past an aligned address."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = bytearray(count * itemsize + 16)
+    start = (-np.frombuffer(raw, dtype=np.uint8).ctypes.data) % 16 + offset
+    tensor = np.frombuffer(raw, dtype=dtype, count=count, offset=start)
+    tensor[:] = rank_values(comm.rank, count, dtype)
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    return tensor.ctypes.data % itemsize, tensor.copy(), stats.delivered_fraction
