@@ -323,3 +323,70 @@ def misaligned_allreduce(comm, count, dtype, offset, algorithm):
     tensor[:] = rank_values(comm.rank, count, dtype)
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
     return tensor.ctypes.data % itemsize, tensor.copy(), stats.delivered_fraction
+
+
+
+def resize_during_call(comm, late_rank, delay_s, kind):
+    """While this rank's call waits for a late peer, another thread takes the
+    only other reference to the tensor, tries to resize it (numpy) and drops
+    it. Returns (what happened, the call's delivered fraction, exact)."""
+    import threading
+    import weakref
+
+    count = 4096
+    make = (lambda: np.full(count, comm.rank + 1, dtype=np.float32)) if kind == "numpy" else \
+        (lambda: torch.full((count,), float(comm.rank + 1)))
+    expected = comm.world_size * (comm.world_size + 1) / 2
+    if comm.rank == late_rank:
+        time.sleep(delay_s)
+        tensor = make()
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+        return None, stats.delivered_fraction, bool(np.all(np.asarray(tensor) == expected))
+    holder = {"tensor": make()}
+    alive = weakref.ref(holder["tensor"])
+    outcome = {}
+
+    def meddle():
+        time.sleep(delay_s / 3)
+        tensor = holder.pop("tensor")
+        if kind == "numpy":
+            try:
+                tensor.resize(64 * count)
+                outcome["resize"] = "done"
+            except ValueError:
+                outcome["resize"] = "refused"
+        else:  # what a training loop does to a parameter: give it other storage
+            tensor.data = torch.zeros(count)
+        del tensor
+        outcome["alive_after_drop"] = alive() is not None
+
+    meddler = threading.Thread(target=meddle)
+    meddler.start()
+    try:
+        stats = comm.allreduce(holder["tensor"], loss_budget=0.0, deadline=10.0)
+        outcome["raised"] = None
+    except RuntimeError as error:
+        outcome["raised"] = str(error)
+    meddler.join()
+    return outcome, None, None
+
+
+def autograd_sees_in_place_collective(comm, collective):
+    """A tensor autograd saved for backward is changed by a collective in place:
+    backward must refuse, as it does after any in-place torch op. Returns
+    (version before, version after, backward's error or None)."""
+    count = 64
+    weight = torch.ones(count, requires_grad=True)
+    tensor = torch.full((count,), float(comm.rank + 1))
+    loss = (weight * tensor).sum()  # saves `tensor` for the gradient of weight
+    before = tensor._version
+    if collective == "allreduce":
+        comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+    else:
+        comm.broadcast(tensor, 0, loss_budget=0.0, deadline=10.0)
+    after = tensor._version
+    try:
+        loss.backward()
+        return before, after, None
+    except RuntimeError as error:
+        return before, after, str(error)
