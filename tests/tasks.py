@@ -390,3 +390,15 @@ def autograd_sees_in_place_collective(comm, collective):
         return before, after, None
     except RuntimeError as error:
         return before, after, str(error)
+
+
+def alone_allreduce_sent(comm, count, deadline, algorithm):
+    """Allreduce on this rank only (its peers are not in the call): the call
+    fails with PeerTimeout; returns how many datagrams it sent besides the
+    verdict round's, and how often a credit limit stopped it."""
+    tensor = np.ones(count, dtype=np.float32)
+    try:
+        comm.allreduce(tensor, loss_budget=0.0, deadline=deadline, algorithm=algorithm)
+    except ud_transport.PeerTimeout as error:
+        return error.stats.datagrams_sent - error.stats.agree_messages_sent, error.stats.credit_stalls
+    raise AssertionError("the call succeeded without its peer")

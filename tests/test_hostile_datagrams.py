@@ -193,3 +193,29 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         assert stats.sequence == next_sequence
         assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (rank, stats)
         assert drops(stats) == want[rank], f"rank {rank}: counted {drops(stats)}, forged {want[rank]}"
+
+
+def test_a_forged_credit_lets_a_sender_send_at_most_one_window():
+    """Finding 6: rank 1 is not in the call, so it grants nothing; a forged CREDIT
+    from its address grants rank 0 everything the schedule allows. Rank 0 still
+    sends no more than one window of chunks (16 here) before it waits for a
+    credit from rank 1 itself; believed, the credit sent all 1024 chunks of
+    the step at a receiver that was not reading."""
+    if os.geteuid() != 0:
+        skip_or_fail("forging a peer's source address needs a raw socket (root)")
+    chunk_bytes, count, window_chunks = 256, 64 * 1024, 16
+    # credits refreshed rarely: what rank 0 sends is then its data, its END markers and a few credits
+    cluster = get_cluster(2, chunk_bytes=chunk_bytes, window_bytes=window_chunks * chunk_bytes,
+                          credit_refresh_us=10_000_000)
+    addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
+    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS["ring"], 0, 2, 0, 1)
+    max_chunks = count // 2 // (chunk_bytes // 4)
+    ceiling = max(g * max_chunks + max_chunks for g, step in enumerate(steps) if step["send_peer"] == 1)
+    credit = wire_format.header(kind=wire_format.KIND_CREDIT, session_id=session, sequence=1, source_rank=1,
+                                contributions=0, layout=wire_format.layout_tag(count, "float32", 0, chunk_bytes,
+                                                                               algorithm="ring"), credit=ceiling)
+    spoof(addresses[1], addresses[0], credit)
+    sent, stalls = cluster.run(tasks.alone_allreduce_sent, count, 1.0, "ring", ranks=[0])[0]
+    assert stalls > 0
+    assert window_chunks <= sent <= window_chunks + 8, sent  # a window of data, and a credit or two of its own
