@@ -22,9 +22,16 @@ STATUS_NO_MEMORY = UDT_ERR_NO_MEMORY
 STATUS_LAYOUT_MISMATCH = UDT_ERR_LAYOUT_MISMATCH
 
 
+UDP_GSO = UDT_UDP_GSO
+UDP_GRO = UDT_UDP_GRO
+UDP_RCVBUF_FORCED = UDT_UDP_RCVBUF_FORCED
+UDP_GSO_REFUSED = UDT_UDP_GSO_REFUSED
+
+
 cdef class Transport:
     """A datagram transport not yet handed to an engine."""
     cdef udt_transport *ptr
+    cdef udt_transport *udp_ptr  # the UDP transport inside ptr (ptr owns it; a loss wrapper may sit between), or NULL
 
     def __dealloc__(self):
         if self.ptr is not NULL:
@@ -41,6 +48,7 @@ cdef class Transport:
         t.ptr = udt_udp_open(address, <uint16_t>port, socket_buffer_bytes, error, sizeof(error))
         if t.ptr is NULL:
             raise OSError(error.decode(errors="replace"))
+        t.udp_ptr = t.ptr
         return t
 
     def inject_loss(self, int kind, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0,
@@ -73,6 +81,51 @@ cdef class Transport:
     def max_datagram_bytes(self):
         self._check_open()
         return self.ptr.max_datagram_bytes
+
+    # ---- UDP only (0, "" or an error on other transports) ----
+    cdef udt_transport *_udp(self) except NULL:
+        self._check_open()
+        if self.udp_ptr is NULL:
+            raise ValueError("not a UDP transport")
+        return self.udp_ptr
+
+    @property
+    def udp_features(self):
+        """UDP_GSO | UDP_GRO | UDP_RCVBUF_FORCED | UDP_GSO_REFUSED bits in effect; 0 if not UDP."""
+        self._check_open()
+        return udt_udp_features(self.udp_ptr) if self.udp_ptr is not NULL else 0
+
+    @property
+    def receive_buffer_bytes(self):
+        """SO_RCVBUF as the kernel granted it (twice what was asked, capped by net.core.rmem_max
+        unless UDP_RCVBUF_FORCED); 0 if not UDP."""
+        self._check_open()
+        return udt_udp_receive_buffer_bytes(self.udp_ptr) if self.udp_ptr is not NULL else 0
+
+    @property
+    def send_buffer_bytes(self):
+        self._check_open()
+        return udt_udp_send_buffer_bytes(self.udp_ptr) if self.udp_ptr is not NULL else 0
+
+    def describe(self):
+        """One line: GSO/GRO state, buffers granted and asked, largest datagram ("" if not UDP)."""
+        cdef char text[256]
+        self._check_open()
+        if self.udp_ptr is NULL:
+            return ""
+        udt_udp_describe(self.udp_ptr, text, sizeof(text))
+        return text.decode(errors="replace")
+
+    def disable(self, uint32_t features):
+        """Turn UDP_GSO and/or UDP_GRO off (to measure or test the plain path)."""
+        if udt_udp_disable(self._udp(), features) != 0:
+            raise ValueError("not a UDP transport")
+
+    def udp_counters(self):
+        """sendmmsg/recvmmsg and GSO/GRO counters since the transport opened."""
+        cdef udt_udp_counters_struct counters
+        udt_udp_counters(self._udp(), &counters)
+        return counters
 
 
 COLLECTIVE_ALLREDUCE = UDT_ALLREDUCE
@@ -119,6 +172,7 @@ cdef class Engine:
         if self.comm is NULL:
             raise ValueError(error.decode(errors="replace"))
         transport.ptr = NULL  # the engine owns it now
+        transport.udp_ptr = NULL
         self.rank = rank
         self.world_size = world_size
         self.chunk_bytes = native_options.chunk_bytes

@@ -24,6 +24,30 @@ cdef extern from "transport.h" nogil:
         uint64_t seed
 
     udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes)
+
+    enum:
+        UDT_UDP_GSO
+        UDT_UDP_GRO
+        UDT_UDP_RCVBUF_FORCED
+        UDT_UDP_GSO_REFUSED
+
+    # the C struct shares its tag with the function below; Cython needs another name for it
+    ctypedef struct udt_udp_counters_struct "struct udt_udp_counters":
+        uint64_t send_calls
+        uint64_t send_messages
+        uint64_t send_gso_messages
+        uint64_t send_gso_datagrams
+        uint64_t recv_calls
+        uint64_t recv_messages
+        uint64_t recv_gro_messages
+        uint64_t recv_gro_datagrams
+
+    uint32_t udt_udp_features(const udt_transport *t)
+    int udt_udp_disable(udt_transport *t, uint32_t features)
+    uint32_t udt_udp_receive_buffer_bytes(const udt_transport *t)
+    uint32_t udt_udp_send_buffer_bytes(const udt_transport *t)
+    int udt_udp_describe(const udt_transport *t, char *text, int text_bytes)
+    int udt_udp_counters(const udt_transport *t, udt_udp_counters_struct *out)
     udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
     void udt_transport_destroy(udt_transport *t)
 

@@ -9,7 +9,9 @@
 #include "engine.h"
 #include "wire.h"
 
+#ifndef SEND_BATCH /* -DSEND_BATCH=N to measure other batch sizes */
 #define SEND_BATCH 32
+#endif
 #define RECV_BATCH 16
 
 /* per-chunk flags */

@@ -16,6 +16,7 @@ parameters travel:
               shard, stale-retaining all-gather of parameters
   +sync       ParameterSync every 50 steps (exact)
   +phase      PhaseAwareBudget: exact collectives in critical phases
+  exact gather  only gradients are lost: the parameter all-gather is exact
 Loss is injected below each rank's engine on every datagram (data, credits,
 verdicts): i.i.d. Bernoulli, or a Gilbert-Elliott microburst schedule.
 
@@ -107,9 +108,9 @@ def run_arm(comm, arm, config):
                                 world_size=comm.world_size)
         optimizer = inner
     elif method == "two_stage":
-        phase = udt.PhaseAwareBudget(stable_budget=1.0, critical_budget=0.0, communicator=comm,
-                                     warmup=config["phase_warmup"]) if arm.get("phase") else None
-        optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase)
+        phase = udt.PhaseAwareBudget(stable_budget=1.0, critical_budget=0.0, communicator=comm) if arm.get("phase") else None
+        optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase,
+                                              exact_gather=arm.get("exact_gather", False))
     else:
         optimizer = inner
     sync = None
@@ -188,6 +189,8 @@ def arms_for(quick):
         arms.append(dict(name=f"two_stage {label}", method="two_stage", loss=loss))
     arms += [dict(name="plain 10% +sync", method="plain", loss="0.1", sync=True),
              dict(name="two_stage 10% +sync", method="two_stage", loss="0.1", sync=True),
+             dict(name="two_stage 10% +phase", method="two_stage", loss="0.1", phase=True),
+             dict(name="two_stage 10% exact gather", method="two_stage", loss="0.1", exact_gather=True),
              dict(name="plain burst", method="plain", loss="burst"),
              dict(name="two_stage burst", method="two_stage", loss="burst"),
              dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True)]
@@ -204,9 +207,17 @@ def main():
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     parser.add_argument("--json", default="", help="write the results here")
     parser.add_argument("--plot", default="", help="draw perplexity and drift curves to this PNG")
+    parser.add_argument("--from-json", default="", help="print the table and plot from saved results, train nothing")
     args = parser.parse_args()
+    if args.from_json:
+        saved = json.load(open(args.from_json))
+        args.ranks = saved["ranks"]
+        print_table(saved["results"], saved["config"], args)
+        if args.plot:
+            plot(saved["results"], args.plot)
+        return
     config = dict(width=128, layers=2, heads=4, context=64, batch=16, lr=2e-3, steps=args.steps, eval_every=50,
-                  eval_batches=16, sync_every=50, seed=args.seed, phase_warmup=30)
+                  eval_batches=16, sync_every=50, seed=args.seed)
     if args.quick:
         config.update(width=64, layers=1, context=32, batch=8, steps=min(args.steps, 200), eval_every=50, eval_batches=8)
     arms = arms_for(args.quick)
@@ -250,15 +261,30 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, r in results.items():
+    phased = {name: r["phase_schedule"] for name, r in results.items() if r.get("phase_schedule")}
+    figure, axes = plt.subplots(1, 3 if phased else 2, figsize=(17 if phased else 12, 4.5))
+    left, right = axes[0], axes[1]
+    colors = plt.get_cmap("tab20").colors
+    for index, (name, r) in enumerate(results.items()):
+        method = r["arm"]["method"]
+        style = dict(color="black", linewidth=2.2) if method == "gloo" else dict(
+            color=colors[index % len(colors)], linestyle="--" if method == "plain" else "-")
         steps, ppl = zip(*r["curve"])
-        left.plot(steps, ppl, label=name)
+        left.plot(steps, ppl, label=name, **style)
         steps, drift = zip(*r["drift"])
-        right.plot(steps, [max(d, 1e-9) for d in drift], label=name)
-    left.set(xlabel="step", ylabel="validation perplexity", title="Perplexity")
-    right.set(xlabel="step", ylabel="max relative replica drift", yscale="log", title="Replica drift")
+        right.plot(steps, [max(d, 1e-7) for d in drift], label=name, **style)
+    left.set(xlabel="step", ylabel="validation perplexity", title="Perplexity (dashed: plain lossy allreduce)")
+    right.set(xlabel="step", ylabel="max relative replica drift (1e-7 = none)", yscale="log",
+              title="Replica drift (exact, every 50 steps)")
     left.legend(fontsize=7)
+    for name, schedule in phased.items():
+        steps = [row[0] for row in schedule]
+        axes[2].step(steps, [row[3] for row in schedule], where="post", label=f"{name}: budget")
+        axes[2].plot(steps, [row[2] for row in schedule], alpha=0.6, label="relative gap of fast and slow norm averages")
+    if phased:
+        axes[2].axhline(0.2, color="grey", linestyle=":", label="threshold")
+        axes[2].set(xlabel="step", ylabel="loss budget (0 = exact)", ylim=(-0.05, 1.05), title="Phase-aware budget")
+        axes[2].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

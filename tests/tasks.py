@@ -299,6 +299,21 @@ def every_collective_failing(comm, count, algorithm, how):
     return outcome
 
 
+def receive_buffer_of(comm):
+    """(receive buffer the kernel granted, credit window the engine uses) on this rank."""
+    return getattr(comm, "receive_buffer_bytes", 0), getattr(comm, "window_bytes", comm.options.window_bytes)
+
+
+def allreduce_many_lossy(comm, count, calls):
+    """Several allreduces of count float32 with loss allowed; per call (delivered fraction, chunks lost, idle-closed steps)."""
+    tensor = np.ones(count, dtype=np.float32)
+    rows = []
+    for _ in range(calls):
+        stats = comm.allreduce(tensor, loss_budget=1.0, deadline=30.0)
+        rows.append((round(stats.delivered_fraction, 5), stats.chunks_lost, stats.steps_idle_closed))
+    return [r for r in rows if r[1]]
+
+
 def allreduces_across_wrap(comm, last_sequence, calls, algorithm):
     """Set the sequence number of the last call on this rank (every rank alike),
     then run `calls` allreduces: (sequences seen, all exact, delivered fractions)."""

@@ -148,3 +148,17 @@ def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
         assert result["total"] == world * (world + 1) / 2 and result["gloo_total"] == result["total"]
         assert result["pair_total"] == (3.0 if rank < 2 else rank + 1.0)
         assert result["parameters"] == results[0]["parameters"]
+
+
+def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_rank_agrees():
+    """Warmup steps are critical; a steady norm is stable; a jump of the norm
+    makes the following steps critical until the averages meet again (and
+    for `hold` steps after); ranks whose local norms differ choose the same."""
+    norms = [1.0] * 40 + [3.0] * 150
+    per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.phase_schedule, norms)
+    budgets, fraction = per_rank[0]
+    assert all(b == budgets for b, _ in per_rank), "ranks chose different budgets"
+    assert budgets[:5] == [0.0] * 5 and budgets[10:40] == [0.1] * 30
+    assert budgets[40:45] == [0.0] * 5, "the jump was not seen"
+    assert budgets[-1] == 0.1, "the new level never became stable"
+    assert 0 < fraction < 0.6

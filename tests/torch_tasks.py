@@ -234,3 +234,15 @@ def fsdp2_steps(comm, tag, backend, steps=5):
         return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
     finally:
         dist.destroy_process_group()
+
+
+def phase_schedule(comm, norms):
+    """Feed PhaseAwareBudget gradients of the given norms (each rank's a
+    little different); returns the budgets it chose."""
+    phase = udt.PhaseAwareBudget(stable_budget=0.1, critical_budget=0.0, warmup=5, hold=4, communicator=comm)
+    budgets = []
+    for norm in norms:
+        gradient = torch.zeros(100)
+        gradient[comm.rank] = norm * (1 + 0.01 * comm.rank)
+        budgets.append(phase.budget(gradient))
+    return budgets, phase.critical_fraction()

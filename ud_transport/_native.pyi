@@ -15,6 +15,10 @@ STATUS_INVALID_ARGUMENT: int
 STATUS_TRANSPORT: int
 STATUS_NO_MEMORY: int
 STATUS_LAYOUT_MISMATCH: int
+UDP_GSO: int
+UDP_GRO: int
+UDP_RCVBUF_FORCED: int
+UDP_GSO_REFUSED: int
 
 class Transport:
     @staticmethod
@@ -25,6 +29,16 @@ class Transport:
     def address(self) -> bytes: ...
     @property
     def max_datagram_bytes(self) -> int: ...
+    # UDP only: 0 / "" on other transports (disable and udp_counters raise ValueError)
+    @property
+    def udp_features(self) -> int: ...
+    @property
+    def receive_buffer_bytes(self) -> int: ...
+    @property
+    def send_buffer_bytes(self) -> int: ...
+    def describe(self) -> str: ...
+    def disable(self, features: int) -> None: ...
+    def udp_counters(self) -> dict[str, int]: ...
 
 class VerbsTransport(Transport):
     @staticmethod

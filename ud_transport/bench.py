@@ -1,9 +1,14 @@
 """Allreduce benchmark: ud_transport beside torch.distributed's Gloo, same
-ranks, same sizes, same run. Prints an nccl-tests-style table.
+ranks, same sizes, same run, taking turns call by call. Prints an nccl-tests-style table.
 
     python -m ud_transport bench --world-size 2 --sizes 1M,64M --iterations 50
     python -m ud_transport bench --kernel-loss 0.01      # real nftables loss for both backends
     python -m ud_transport bench --world-size 4 --algorithm ring,direct   # both schedules beside Gloo
+    python -m ud_transport bench --hosts veth --mtu 1500   # each rank in its own network namespace (root)
+
+With --hosts veth every rank runs in a network namespace of its own (ud_transport.hosts): two
+ranks share one veth pair, more go through a bridge (as does any run with --kernel-loss, whose
+drops happen in the bridge); links carry MTU-sized packets. Gloo runs over the same links.
 """
 import argparse
 import dataclasses
@@ -83,21 +88,24 @@ def run_rank(comm, config):
     backends = [f"ud-{name}" for name in config["algorithms"]] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
     bar = _progress(total, comm.rank == 0 and config["progress"])
-    results = []
-    for backend in backends:
-        for nbytes in config["sizes"]:
-            dtype = np.dtype(config["dtype"])
-            count = max(nbytes // dtype.itemsize, 1)
-            pristine = rank_input(config["seed"], comm.rank, count, dtype)
-            exact = sum(rank_input(config["seed"], r, count, dtype).astype(np.float64) for r in range(comm.world_size))
-            if config["op"] == "mean":
-                exact /= comm.world_size
-            work = np.empty_like(pristine)
-            work[:] = 0  # touch it: its pages belong to the caller, not to the backend
-            tensor = torch.from_numpy(work)
-            times, delivered, errors, rms_errors, failures, engine, reasons = [], [], [], [], 0, [], []
-            extra_kib = 0
-            for iteration in range(config["warmup"] + config["iterations"]):
+    results = {}
+    for nbytes in config["sizes"]:
+        dtype = np.dtype(config["dtype"])
+        count = max(nbytes // dtype.itemsize, 1)
+        pristine = rank_input(config["seed"], comm.rank, count, dtype)
+        exact = sum(rank_input(config["seed"], r, count, dtype).astype(np.float64) for r in range(comm.world_size))
+        if config["op"] == "mean":
+            exact /= comm.world_size
+        scale = float(np.max(np.abs(exact))) or 1.0
+        work = np.empty_like(pristine)
+        work[:] = 0  # touch it: its pages belong to the caller, not to the backend
+        tensor = torch.from_numpy(work)
+        state = {backend: dict(times=[], delivered=[], errors=[], rms_errors=[], failures=0, engine=[], reasons=[],
+                               extra_kib=0) for backend in backends}
+        # Backends take turns call by call, so a busy machine slows them alike and their ratio holds.
+        for iteration in range(config["warmup"] + config["iterations"]):
+            for backend in backends:
+                entry = state[backend]
                 np.copyto(work, pristine)
                 store_barrier(comm.store, comm.rank, comm.world_size, f"{backend}/{nbytes}/{iteration}")
                 resident_kib = _memory_kib("VmRSS")
@@ -112,29 +120,33 @@ def run_rank(comm, config):
                                                deadline=config["deadline"], algorithm=backend.removeprefix("ud-"))
                         fraction = stats.delivered_fraction
                         if iteration >= config["warmup"]:
-                            engine.append(dataclasses.asdict(stats))
+                            entry["engine"].append(dataclasses.asdict(stats))
                     except Exception as error:  # a failed call counts, with its time, and keeps the input
-                        fraction, failures = 0.0, failures + 1
-                        reasons.append(f"iteration {iteration}: {type(error).__name__}: {error}")
+                        fraction = 0.0
+                        entry["failures"] += 1
+                        entry["reasons"].append(f"iteration {iteration}: {type(error).__name__}: {error}")
                 elapsed = time.perf_counter() - start
-                if peak_known:  # what the call itself added to the resident size at its peak
-                    extra_kib = max(extra_kib, _memory_kib("VmHWM") - resident_kib)
+                if peak_known and entry["extra_kib"] is not None:  # what the call itself added to the resident size at its peak
+                    entry["extra_kib"] = max(entry["extra_kib"], _memory_kib("VmHWM") - resident_kib)
                 else:
-                    extra_kib = None
+                    entry["extra_kib"] = None
                 if iteration >= config["warmup"]:
-                    times.append(elapsed)
-                    delivered.append(fraction)
-                    scale = float(np.max(np.abs(exact))) or 1.0
+                    entry["times"].append(elapsed)
+                    entry["delivered"].append(fraction)
                     difference = work.astype(np.float64) - exact
-                    errors.append(float(np.max(np.abs(difference))) / scale)
-                    rms_errors.append(float(np.sqrt(np.mean(difference ** 2) / np.mean(exact ** 2))))
+                    entry["errors"].append(float(np.max(np.abs(difference))) / scale)
+                    entry["rms_errors"].append(float(np.sqrt(np.mean(difference ** 2) / np.mean(exact ** 2))))
                     del difference
                 if bar:
                     bar.update(1)
-            results.append(dict(backend=backend, bytes=count * dtype.itemsize, count=count, times=times,
-                                delivered=delivered, max_relative_error=max(errors), rms_relative_error=max(rms_errors),
-                                failures=failures, failure_reasons=reasons, peak_extra_kib=extra_kib, engine_stats=engine))
-            del pristine, exact, work, tensor
+        for backend, entry in state.items():
+            results[backend, nbytes] = dict(
+                backend=backend, bytes=count * dtype.itemsize, count=count, times=entry["times"],
+                delivered=entry["delivered"], max_relative_error=max(entry["errors"]),
+                rms_relative_error=max(entry["rms_errors"]), failures=entry["failures"],
+                failure_reasons=entry["reasons"], peak_extra_kib=entry["extra_kib"], engine_stats=entry["engine"])
+        del pristine, exact, work, tensor
+    results = [results[backend, nbytes] for backend in backends for nbytes in config["sizes"]]
     if bar:
         bar.close()
     return dict(results=results)
@@ -172,6 +184,19 @@ def format_table(rows, dtype):
     return "\n".join(lines)
 
 
+def ratios_to_gloo(rows):
+    """One line per ud_transport row: its p50 and p99 over Gloo's at the same size, same run."""
+    gloo = {r["bytes"]: r for r in rows if r["backend"] == "gloo"}
+    lines = []
+    for r in rows:
+        reference = gloo.get(r["bytes"])
+        if r["backend"] == "gloo" or reference is None:
+            continue
+        lines.append(f"# {human(r['bytes'])} {r['backend']} / gloo: p50 {r['p50_ms'] / reference['p50_ms']:.2f}x, "
+                     f"p99 {r['p99_ms'] / reference['p99_ms']:.2f}x")
+    return lines
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -192,6 +217,10 @@ def build_parser():
     parser.add_argument("--chunk-bytes", type=int, default=0)
     parser.add_argument("--algorithm", default="auto",
                         help="comma-separated ud_transport schedules to run side by side: auto, ring, direct")
+    parser.add_argument("--hosts", default="loopback", choices=["loopback", "veth"],
+                        help="veth: every rank in its own network namespace, joined by veth links (needs root)")
+    parser.add_argument("--mtu", type=int, default=1500, help="MTU of the veth links (1500, or 9000 for jumbo frames)")
+    parser.add_argument("--switch", action="store_true", help="with --hosts veth: a bridge even for 2 ranks")
     parser.add_argument("--no-gloo", dest="gloo", action="store_false")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
@@ -201,6 +230,8 @@ def build_parser():
 
 def main(argv=None):
     from . import loss_models
+    from .hosts import Hosts
+    from .hosts import unavailable_reason as hosts_unavailable
     from .kernel_loss import LossyNamespace
     from .local_cluster import free_tcp_port
 
@@ -215,22 +246,40 @@ def main(argv=None):
     elif args.loss > 0:
         inject = loss_models.Bernoulli(args.loss, seed=args.seed)
     store_port = free_tcp_port()
-    namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port) if args.kernel_loss else None
-    if namespace:
+    hosts = namespace = None
+    if args.hosts == "veth":
+        reason = hosts_unavailable()
+        if reason:
+            print(f"# ud_transport bench --hosts veth: skipped: {reason}")
+            return 0
+        hosts = Hosts(args.world_size, mtu=args.mtu, switch=args.switch or args.world_size > 2 or args.kernel_loss > 0,
+                      udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
+        hosts.__enter__()
+        where = hosts.describe()
+    elif args.kernel_loss:
+        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
         namespace.__enter__()
+        where = "loopback"
+    else:
+        where = "loopback"
     try:
         with LocalCluster(args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
-                          inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
+                          hosts=hosts, inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
             per_rank = cluster.run(run_rank, config, timeout_s=3600)
     finally:
-        if namespace:
-            namespace.close()
+        for made in (namespace, hosts):
+            if made:
+                made.close()
     rows = summarize(per_rank, args.world_size)
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
                  f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
-    print(f"# ud_transport bench: {args.world_size} ranks on one machine, loopback, {loss_note}, "
+    if hosts and not inject:
+        where, loss_note = where.removesuffix(", no loss"), ("no loss" if not args.kernel_loss else "")
+    print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note + ', ' if loss_note else ''}"
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
     print(format_table(rows, args.dtype))
+    for line in ratios_to_gloo(rows):
+        print(line)
     for rank, result in enumerate(per_rank):
         for entry in result["results"]:
             for reason in entry["failure_reasons"]:

@@ -73,14 +73,25 @@ class Communicator:
             raise ValueError(f"chunk_bytes {chunk_bytes} exceeds what one datagram carries here ({largest_payload})")
         chunk_bytes -= chunk_bytes % 8 if chunk_bytes >= 8 else 0  # whole elements of every dtype
         self.address = endpoint.address
+        # The window must fit what the kernel granted, not what was asked (UDP; 0 for verbs).
+        self.receive_buffer_bytes = endpoint.receive_buffer_bytes
+        self.transport_description = endpoint.describe()
+        self.window_bytes = options.window_bytes
+        if self.receive_buffer_bytes:
+            forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)
+            self.window_bytes = transports.fit_window(options.window_bytes, self.receive_buffer_bytes,
+                                                      options.socket_buffer_bytes, forced,
+                                                      chunk_bytes + _native.HEADER_BYTES)
         try:
-            self._engine = _native.Engine(endpoint, rank, world_size, session_id, options.engine_options(chunk_bytes))
+            self._engine = _native.Engine(endpoint, rank, world_size, session_id,
+                                          options.engine_options(chunk_bytes, self.window_bytes))
             self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
             self.close()
             raise TransportError(str(error)) from error
         self.chunk_bytes = chunk_bytes
-        log.info("rank %d/%d ready on %s, chunk %d bytes", rank, world_size, self.transport_name, chunk_bytes)
+        log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s", rank, world_size, self.transport_name,
+                 chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "")
 
     # -- collectives ------------------------------------------------------
 

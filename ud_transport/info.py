@@ -1,4 +1,5 @@
-"""python -m ud_transport info: RDMA devices, ports, GID tables, and what ud_transport would use.
+"""python -m ud_transport info: RDMA devices, ports, GID tables, the UDP socket's batching and
+buffers, and what ud_transport would use.
 
     python -m ud_transport info               # every device
     python -m ud_transport info --device rxe0 --json
@@ -8,7 +9,7 @@ import json
 import os
 import sys
 
-from . import _native, transports
+from . import _native, options, rendezvous, transports
 
 
 def gather(device=None):
@@ -49,11 +50,35 @@ def gather(device=None):
             report["choice"] = choice
         except OSError as error:
             report["choice_problem"] = str(error)
+    report["udp"] = udp_report()
     try:
         report["transport"] = transports.choose("auto")
     except Exception as error:  # an invalid UD_TRANSPORT, say
         report["transport"] = f"error: {error}"
     return report
+
+
+def udp_report():
+    """What a UDP transport opened here gets: GSO/GRO, the receive buffer the kernel granted, and the
+    credit window that fits it (for datagrams as large as the interface allows)."""
+    try:
+        settings = options.build()
+        bind = settings.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        transport = _native.Transport.udp(bind, 0, settings.socket_buffer_bytes)
+    except (OSError, ValueError, TypeError) as error:
+        return {"problem": str(error)}
+    features = transport.udp_features
+    datagram = transport.max_datagram_bytes
+    if settings.chunk_bytes:
+        datagram = min(datagram, settings.chunk_bytes + _native.HEADER_BYTES)
+    datagram -= (datagram - _native.HEADER_BYTES) % 8  # chunks are whole elements, as the communicator makes them
+    granted = transport.receive_buffer_bytes
+    return {"bind_address": bind, "gso": bool(features & _native.UDP_GSO), "gro": bool(features & _native.UDP_GRO),
+            "receive_buffer_bytes": granted, "receive_buffer_asked": settings.socket_buffer_bytes,
+            "receive_buffer_forced": bool(features & _native.UDP_RCVBUF_FORCED), "datagram_bytes": datagram,
+            "window_bytes_asked": settings.window_bytes,
+            "window_bytes": transports.window_that_fits(granted, datagram, settings.window_bytes),
+            "description": transport.describe()}
 
 
 class _settings_from_environment:
@@ -85,6 +110,21 @@ def render(report, out):
               f"({choice['gid_type']} {choice['gid']}), datagrams up to {choice['active_mtu']} bytes", file=out)
     elif report.get("choice_problem"):
         print(f"ud_transport cannot use verbs here: {report['choice_problem']}", file=out)
+    udp = report.get("udp") or {}
+    if udp.get("problem"):
+        print(f"udp: cannot open a socket here: {udp['problem']}", file=out)
+    elif udp:
+        asked = udp["receive_buffer_asked"]
+        capped = not udp["receive_buffer_forced"] and udp["receive_buffer_bytes"] < 2 * asked
+        how = "SO_RCVBUFFORCE" if udp["receive_buffer_forced"] else "capped by net.core.rmem_max" if capped else "plain"
+        print(f"udp on {udp['bind_address']}: GSO {'on' if udp['gso'] else 'off'}, GRO {'on' if udp['gro'] else 'off'}, "
+              f"receive buffer granted {udp['receive_buffer_bytes']} bytes (asked {asked}, {how}), "
+              f"credit window {udp['window_bytes']} of {udp['window_bytes_asked']} bytes "
+              f"for {udp['datagram_bytes']}-byte datagrams", file=out)
+        print(f"  {udp['description']}", file=out)
+        if capped and udp["window_bytes"] < udp["window_bytes_asked"]:
+            print(f"  the window was lowered to fit the buffer; `sysctl -w net.core.rmem_max={asked}` "
+                  "would give the socket what it asks", file=out)
     print(f"transport='auto' resolves to: {report['transport']}"
           + (f" (UD_TRANSPORT={os.environ['UD_TRANSPORT']})" if os.environ.get("UD_TRANSPORT") else ""), file=out)
     print("override with device= / UD_DEVICE, port= / UD_PORT, gid_index= / UD_GID_INDEX", file=out)
@@ -101,7 +141,9 @@ def main(argv=None):
         print()
     else:
         render(report, sys.stdout)
-    return 0 if report.get("choice") else 1
+    # 0 when a transport works: UDP without RDMA is the expected state on most machines
+    working = report.get("choice") or "problem" not in report.get("udp", {"problem": "not probed"})
+    return 0 if working else 1
 
 
 if __name__ == "__main__":

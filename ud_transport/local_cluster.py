@@ -40,10 +40,14 @@ def enter_network_namespace(name):
         os.close(fd)
 
 
-def _worker(rank, world_size, port, netns, environment, init_options, connection, store_host="127.0.0.1"):
+def _worker(rank, world_size, port, netns, environment, init_options, connection, store_host="127.0.0.1", log_level=None):
     if netns:
         enter_network_namespace(netns)  # before any thread or socket exists
     os.environ.update(environment)
+    if log_level is not None:
+        import logging
+
+        logging.basicConfig(level=log_level, format=f"rank {rank}: %(levelname)s %(name)s: %(message)s")
     try:
         import torch.distributed as dist
 
@@ -72,9 +76,10 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 
 class LocalCluster:
     def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, store_port=None, hosts=None,
-                 **init_options):
+                 log_level=None, **init_options):
         """hosts: a ud_transport.hosts.Hosts with a host per rank; rank r then runs in hosts.namespaces[r]
-        with hosts.rank_environment(r) (store on host 0, its own bind address), instead of `netns`."""
+        with hosts.rank_environment(r) (store on host 0, its own bind address), instead of `netns`.
+        log_level: ranks log to their stderr at this level ("WARNING", ...), each line naming its rank."""
         self.world_size = world_size
         context = multiprocessing.get_context("spawn")
         port = store_port or free_tcp_port()
@@ -86,7 +91,7 @@ class LocalCluster:
                 rank_netns, store_host = hosts.namespaces[rank], hosts.addresses[0]
                 rank_environment.update(hosts.rank_environment(rank))
             process = context.Process(target=_worker, args=(rank, world_size, port, rank_netns, rank_environment, init_options, child,
-                                                            store_host),
+                                                            store_host, log_level),
                                       daemon=True, name=f"ud_transport-rank{rank}")
             process.start()
             child.close()

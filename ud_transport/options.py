@@ -62,9 +62,9 @@ class Options:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
 
-    def engine_options(self, chunk_bytes):
-        """The options the C engine takes, by field name."""
-        return {"chunk_bytes": chunk_bytes, "window_bytes": self.window_bytes, "end_repeats": self.end_repeats,
+    def engine_options(self, chunk_bytes, window_bytes=None):
+        """The options the C engine takes, by field name (window_bytes: as fitted to the transport's buffers)."""
+        return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or self.window_bytes, "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us}

@@ -15,6 +15,65 @@ RECEIVE_SLACK = 256
 SEND_DEPTH = 512
 
 
+# ---- UDP: a credit window that fits the receive buffer the kernel granted ----------------------
+# Datagrams queued on a UDP socket are charged their skb truesize against SO_RCVBUF, not their
+# length. Charged per datagram without GRO (Linux 6.18, loopback; scripts/bench_wire.py --fill
+# gives the same on veth): 288 B -> 1280, 1472 -> 2305, 4000 -> 8456, 8972 -> 16644,
+# 16000 -> 16644, 32000 -> 33026, 65507 -> 66576. So a 1500-MTU datagram's payload is 0.62 of
+# its charge, a 9000-MTU one's 0.54. A GRO train is charged about its length, but only the
+# receiving path decides whether datagrams arrive coalesced, so the window assumes they do not.
+TRUESIZE_LINEAR_OVERHEAD = 384  # IP/UDP headers, link header room, skb_shared_info
+TRUESIZE_SKB = 320  # struct sk_buff and its alignment
+TRUESIZE_LARGEST_KMALLOC = 32768  # beyond this the data lies in page fragments
+# What the window may take of the granted buffer; the rest is for credits, END markers and
+# verdict messages (small datagrams, each charged over 1 KB) and duplicates.
+WINDOW_SHARE_OF_BUFFER = 0.75
+
+_buffer_warning_given = False
+
+
+def datagram_truesize(datagram_bytes):
+    """What the kernel charges a receive buffer for one queued datagram of this size (no GRO)."""
+    linear = datagram_bytes + TRUESIZE_LINEAR_OVERHEAD
+    if linear <= TRUESIZE_LARGEST_KMALLOC:
+        data = 1 << (linear - 1).bit_length()  # kmalloc rounds up to a power of two
+    else:
+        data = -(-linear // 4096) * 4096
+    return data + TRUESIZE_SKB
+
+
+def window_that_fits(granted, datagram_bytes, asked):
+    """The credit window (payload bytes) whose datagrams fit WINDOW_SHARE_OF_BUFFER of `granted`,
+    at most `asked`; never below the engine's floor of 16 chunks."""
+    payload = datagram_bytes - _native.HEADER_BYTES
+    chunks = int(granted * WINDOW_SHARE_OF_BUFFER) // datagram_truesize(datagram_bytes)
+    return min(asked, max(chunks, 16) * payload)
+
+
+def fit_window(window_bytes, granted, asked_buffer, forced, datagram_bytes):
+    """window_bytes, lowered to fit the granted receive buffer. The first time a process lowers
+    it, one warning says what would give the socket enough."""
+    global _buffer_warning_given
+    fitted = window_that_fits(granted, datagram_bytes, window_bytes)
+    if fitted >= window_bytes or _buffer_warning_given:
+        return fitted
+    _buffer_warning_given = True
+    payload = datagram_bytes - _native.HEADER_BYTES
+    needed = -(-window_bytes // payload) * datagram_truesize(datagram_bytes) / WINDOW_SHARE_OF_BUFFER
+    needed_setting = -(-int(needed) // 2)  # the kernel grants twice what is asked
+    if forced or 2 * asked_buffer < needed:
+        advice = (f"raise socket_buffer_bytes (UD_SOCKET_BUFFER_BYTES) to at least {needed_setting}"
+                  + ("" if forced else f" and `sysctl -w net.core.rmem_max={max(needed_setting, asked_buffer)}`"))
+    else:
+        advice = f"`sysctl -w net.core.rmem_max={asked_buffer}` would let the socket have the {asked_buffer} bytes it asks for"
+    log.warning("udp: the kernel granted a receive buffer of %d bytes (asked %d%s); the credit window is lowered "
+                "from %d to %d bytes so that no datagram overflows it (%d-byte datagrams), which slows large "
+                "collectives; %s", granted, asked_buffer,
+                "" if forced else ", capped by net.core.rmem_max without CAP_NET_ADMIN", window_bytes, fitted,
+                datagram_bytes, advice)
+    return fitted
+
+
 def rdma_available():
     """True when libibverbs sees a device with an ACTIVE port."""
     return _native.verbs_active_device_count() > 0

@@ -28,14 +28,16 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 class LossTolerantOptimizer:
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
-                 algorithm=None, phase_budget=None):
+                 algorithm=None, phase_budget=None, exact_gather=False):
         """optimizer: a constructed torch optimizer over the model's
         parameters (its class and per-group settings are reused for the
         shard; its state, if any, is dropped). communicator: a Communicator,
         a "ud" process group, or None (the default). loss_budget: the most of
         either half that may be missing; a budget of 0 makes that step's
         collectives exact. phase_budget: a PhaseAwareBudget choosing the
-        budget per step instead."""
+        budget per step instead. exact_gather: make the parameter all-gather
+        exact on every step (only gradients are lost; costs repeated
+        all-gathers and four agreement rounds when one is incomplete)."""
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         self.communicator = communicator_of(communicator)
@@ -44,6 +46,7 @@ class LossTolerantOptimizer:
         self.deadline = deadline
         self.algorithm = algorithm
         self.phase_budget = phase_budget
+        self.exact_gather = exact_gather
         self.counters = policy.StepCounters()
         self.last_stats = None
         self.budgets = []  # the budget each step used
@@ -151,7 +154,7 @@ class LossTolerantOptimizer:
             self._inner.step()
         own = self.owner_values()
         self._flat.copy_(flatten(self._params))  # where a chunk does not arrive, it keeps this replica's value
-        if budget == 0.0:
+        if budget == 0.0 or self.exact_gather:
             exact.all_gather(comm, own, self._flat, deadline=self.deadline)
         else:
             stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm)
