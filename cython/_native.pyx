@@ -11,6 +11,7 @@ HEADER_BYTES = UDT_WIRE_HEADER_BYTES
 WIRE_MAGIC = UDT_WIRE_MAGIC
 WIRE_VERSION = UDT_WIRE_VERSION
 MAX_WORLD_SIZE = UDT_MAX_WORLD
+MAX_END_REPEATS = UDT_MAX_END_REPEATS
 
 STATUS_OK = UDT_OK
 STATUS_LOSS_BUDGET = UDT_ERR_LOSS_BUDGET
@@ -190,6 +191,14 @@ cdef class Engine:
         cdef const uint8_t *data = addresses
         if udt_comm_set_peers(self.comm, data, address_bytes) < 0:
             raise OSError(udt_comm_error(self.comm).decode(errors="replace"))
+
+    def set_sequence(self, uint32_t sequence):
+        """Tests only: make the next call's sequence number sequence + 1 (modulo 2**32),
+        the same on every rank, to exercise the wrap without 2**32 calls."""
+        if self.comm is NULL:
+            raise ValueError("engine is closed")
+        if udt_comm_set_sequence(self.comm, sequence) != 0:
+            raise RuntimeError("cannot set the sequence number during a call")
 
     def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
             int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s):

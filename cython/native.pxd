@@ -74,6 +74,7 @@ cdef extern from "schedule.h" nogil:
         uint8_t recv_mode
         uint8_t phase
         uint32_t recv_needs_sent
+        uint8_t recv_whole
 
     struct udt_schedule:
         uint32_t steps
@@ -90,6 +91,7 @@ cdef extern from "schedule.h" nogil:
 cdef extern from "engine.h" nogil:
     enum:
         UDT_MAX_WORLD
+        UDT_MAX_END_REPEATS
         UDT_OK
         UDT_ERR_LOSS_BUDGET
         UDT_ERR_PEER_TIMEOUT
@@ -169,6 +171,7 @@ cdef extern from "engine.h" nogil:
     int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)
     int udt_call_finish(udt_comm *comm, uint64_t now_ns)
     const char *udt_comm_error(const udt_comm *comm)
+    int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
 
 cdef extern from "wire.h" nogil:
     enum:

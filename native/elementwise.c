@@ -69,16 +69,30 @@ uint16_t udt_float_to_bfloat16(float value)
 
 float udt_bfloat16_to_float(uint16_t bits) { return bits_float((uint32_t)bits << 16); }
 
+/* The caller's tensor and the wire payload may sit at any byte offset (a
+ * datagram's payload follows a 44-byte header; numpy views can start
+ * anywhere), so every access to them goes through memcpy: defined for any
+ * alignment, and a plain load or store once compiled. The accumulator is
+ * ours (malloc'd, element-aligned). */
+static inline uint16_t get_u16(const void *p, size_t i) { uint16_t v; memcpy(&v, (const uint8_t *)p + 2 * i, 2); return v; }
+static inline uint32_t get_u32(const void *p, size_t i) { uint32_t v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v; }
+static inline float get_f32(const void *p, size_t i) { float v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v; }
+static inline double get_f64(const void *p, size_t i) { double v; memcpy(&v, (const uint8_t *)p + 8 * i, 8); return v; }
+static inline int32_t get_i32(const void *p, size_t i) { int32_t v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v; }
+static inline void put_u16(void *p, size_t i, uint16_t v) { memcpy((uint8_t *)p + 2 * i, &v, 2); }
+static inline void put_f32(void *p, size_t i, float v) { memcpy((uint8_t *)p + 4 * i, &v, 4); }
+static inline void put_f64(void *p, size_t i, double v) { memcpy((uint8_t *)p + 8 * i, &v, 8); }
+static inline void put_i32(void *p, size_t i, int32_t v) { memcpy((uint8_t *)p + 4 * i, &v, 4); }
+
 void udt_load(int dtype, void *accum, const void *src, size_t count)
 {
     float *acc = accum;
-    const uint16_t *half = src;
     switch (dtype) {
     case UDT_FLOAT16:
-        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(half[i]);
+        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(get_u16(src, i));
         break;
     case UDT_BFLOAT16:
-        for (size_t i = 0; i < count; i++) acc[i] = udt_bfloat16_to_float(half[i]);
+        for (size_t i = 0; i < count; i++) acc[i] = udt_bfloat16_to_float(get_u16(src, i));
         break;
     default:
         memcpy(accum, src, count * udt_wire_elem_bytes(dtype));
@@ -88,13 +102,12 @@ void udt_load(int dtype, void *accum, const void *src, size_t count)
 void udt_pack(int dtype, void *wire, const void *accum, size_t count)
 {
     const float *acc = accum;
-    uint16_t *half = wire;
     switch (dtype) {
     case UDT_FLOAT16:
-        for (size_t i = 0; i < count; i++) half[i] = udt_float_to_half(acc[i]);
+        for (size_t i = 0; i < count; i++) put_u16(wire, i, udt_float_to_half(acc[i]));
         break;
     case UDT_BFLOAT16:
-        for (size_t i = 0; i < count; i++) half[i] = udt_float_to_bfloat16(acc[i]);
+        for (size_t i = 0; i < count; i++) put_u16(wire, i, udt_float_to_bfloat16(acc[i]));
         break;
     default:
         memcpy(wire, accum, count * udt_wire_elem_bytes(dtype));
@@ -108,33 +121,28 @@ void udt_add(int dtype, void *accum, const void *wire, size_t count)
     switch (dtype) {
     case UDT_FLOAT32: {
         float *restrict acc = accum;
-        const float *restrict in = wire;
-        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        for (size_t i = 0; i < count; i++) acc[i] += get_f32(wire, i);
         break;
     }
     case UDT_FLOAT64: {
         double *restrict acc = accum;
-        const double *restrict in = wire;
-        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        for (size_t i = 0; i < count; i++) acc[i] += get_f64(wire, i);
         break;
     }
     case UDT_FLOAT16: {
         float *restrict acc = accum;
-        const uint16_t *restrict in = wire;
-        for (size_t i = 0; i < count; i++) acc[i] += udt_half_to_float(in[i]);
+        for (size_t i = 0; i < count; i++) acc[i] += udt_half_to_float(get_u16(wire, i));
         break;
     }
     case UDT_BFLOAT16: {
         float *restrict acc = accum;
-        const uint16_t *restrict in = wire;
-        for (size_t i = 0; i < count; i++) acc[i] += udt_bfloat16_to_float(in[i]);
+        for (size_t i = 0; i < count; i++) acc[i] += udt_bfloat16_to_float(get_u16(wire, i));
         break;
     }
     case UDT_INT32: {
         /* unsigned arithmetic: wraps like numpy and torch, without undefined behaviour */
         uint32_t *restrict acc = accum;
-        const uint32_t *restrict in = wire;
-        for (size_t i = 0; i < count; i++) acc[i] += in[i];
+        for (size_t i = 0; i < count; i++) acc[i] += get_u32(wire, i);
         break;
     }
     }
@@ -145,32 +153,28 @@ void udt_add_into(int dtype, void *accum, const void *input, const void *wire, s
     switch (dtype) {
     case UDT_FLOAT32: {
         float *restrict acc = accum;
-        const float *restrict a = input, *restrict b = wire;
-        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        for (size_t i = 0; i < count; i++) acc[i] = get_f32(input, i) + get_f32(wire, i);
         break;
     }
     case UDT_FLOAT64: {
         double *restrict acc = accum;
-        const double *restrict a = input, *restrict b = wire;
-        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        for (size_t i = 0; i < count; i++) acc[i] = get_f64(input, i) + get_f64(wire, i);
         break;
     }
     case UDT_FLOAT16: {
         float *restrict acc = accum;
-        const uint16_t *restrict a = input, *restrict b = wire;
-        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(a[i]) + udt_half_to_float(b[i]);
+        for (size_t i = 0; i < count; i++) acc[i] = udt_half_to_float(get_u16(input, i)) + udt_half_to_float(get_u16(wire, i));
         break;
     }
     case UDT_BFLOAT16: {
         float *restrict acc = accum;
-        const uint16_t *restrict a = input, *restrict b = wire;
-        for (size_t i = 0; i < count; i++) acc[i] = udt_bfloat16_to_float(a[i]) + udt_bfloat16_to_float(b[i]);
+        for (size_t i = 0; i < count; i++)
+            acc[i] = udt_bfloat16_to_float(get_u16(input, i)) + udt_bfloat16_to_float(get_u16(wire, i));
         break;
     }
     case UDT_INT32: {
         uint32_t *restrict acc = accum;
-        const uint32_t *restrict a = input, *restrict b = wire;
-        for (size_t i = 0; i < count; i++) acc[i] = a[i] + b[i];
+        for (size_t i = 0; i < count; i++) acc[i] = get_u32(input, i) + get_u32(wire, i);
         break;
     }
     }
@@ -202,6 +206,7 @@ void udt_scale(int dtype, void *accum, size_t count, double factor)
     }
 }
 
+/* data is the caller's tensor here: any alignment */
 void udt_rescale_wire(int dtype, void *data, size_t count, double factor)
 {
     if (factor == 1.0)
@@ -210,15 +215,23 @@ void udt_rescale_wire(int dtype, void *data, size_t count, double factor)
         memset(data, 0, count * udt_wire_elem_bytes(dtype));
         return;
     }
-    if (dtype == UDT_FLOAT16 || dtype == UDT_BFLOAT16) {
-        uint16_t *values = data;
-        float f = (float)factor;
-        for (size_t i = 0; i < count; i++)
-            values[i] = dtype == UDT_FLOAT16 ? udt_float_to_half(udt_half_to_float(values[i]) * f)
-                                             : udt_float_to_bfloat16(udt_bfloat16_to_float(values[i]) * f);
-        return;
+    float f = (float)factor;
+    switch (dtype) {
+    case UDT_FLOAT16:
+        for (size_t i = 0; i < count; i++) put_u16(data, i, udt_float_to_half(udt_half_to_float(get_u16(data, i)) * f));
+        break;
+    case UDT_BFLOAT16:
+        for (size_t i = 0; i < count; i++) put_u16(data, i, udt_float_to_bfloat16(udt_bfloat16_to_float(get_u16(data, i)) * f));
+        break;
+    case UDT_FLOAT64:
+        for (size_t i = 0; i < count; i++) put_f64(data, i, get_f64(data, i) * factor);
+        break;
+    case UDT_INT32:
+        for (size_t i = 0; i < count; i++) put_i32(data, i, round_to_int32(get_i32(data, i) * factor));
+        break;
+    default:
+        for (size_t i = 0; i < count; i++) put_f32(data, i, get_f32(data, i) * f);
     }
-    udt_scale(dtype, data, count, factor); /* accumulator and caller's type are the same here */
 }
 
 void udt_store(int dtype, void *dst, const void *accum, size_t count, double factor)
@@ -229,39 +242,34 @@ void udt_store(int dtype, void *dst, const void *accum, size_t count, double fac
     }
     switch (dtype) {
     case UDT_FLOAT32: {
-        float *out = dst;
         const float *acc = accum;
         float f = (float)factor;
-        if (factor == 1.0) memcpy(out, acc, count * 4);
-        else for (size_t i = 0; i < count; i++) out[i] = acc[i] * f;
+        if (factor == 1.0) memcpy(dst, acc, count * 4);
+        else for (size_t i = 0; i < count; i++) put_f32(dst, i, acc[i] * f);
         break;
     }
     case UDT_FLOAT64: {
-        double *out = dst;
         const double *acc = accum;
-        if (factor == 1.0) memcpy(out, acc, count * 8);
-        else for (size_t i = 0; i < count; i++) out[i] = acc[i] * factor;
+        if (factor == 1.0) memcpy(dst, acc, count * 8);
+        else for (size_t i = 0; i < count; i++) put_f64(dst, i, acc[i] * factor);
         break;
     }
     case UDT_FLOAT16: {
-        uint16_t *out = dst;
         const float *acc = accum;
         float f = (float)factor;
-        for (size_t i = 0; i < count; i++) out[i] = udt_float_to_half(acc[i] * f);
+        for (size_t i = 0; i < count; i++) put_u16(dst, i, udt_float_to_half(acc[i] * f));
         break;
     }
     case UDT_BFLOAT16: {
-        uint16_t *out = dst;
         const float *acc = accum;
         float f = (float)factor;
-        for (size_t i = 0; i < count; i++) out[i] = udt_float_to_bfloat16(acc[i] * f);
+        for (size_t i = 0; i < count; i++) put_u16(dst, i, udt_float_to_bfloat16(acc[i] * f));
         break;
     }
     case UDT_INT32: {
-        int32_t *out = dst;
         const int32_t *acc = accum;
-        if (factor == 1.0) memcpy(out, acc, count * 4);
-        else for (size_t i = 0; i < count; i++) out[i] = round_to_int32(acc[i] * factor);
+        if (factor == 1.0) memcpy(dst, acc, count * 4);
+        else for (size_t i = 0; i < count; i++) put_i32(dst, i, round_to_int32(acc[i] * factor));
         break;
     }
     }

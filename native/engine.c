@@ -107,8 +107,8 @@ static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t pe
     h.credit = credit;
     uint8_t *slot = comm->headers[SEND_BATCH];
     udt_wire_encode(&h, slot);
-    struct udt_send_item items[8];
-    int n = copies < 8 ? copies : 8;
+    struct udt_send_item items[UDT_MAX_END_REPEATS];
+    int n = copies < UDT_MAX_END_REPEATS ? copies : UDT_MAX_END_REPEATS;
     for (int i = 0; i < n; i++)
         items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
     int rc = udt_transport_send(comm->transport, items, n);
@@ -197,8 +197,10 @@ static int flush(struct call *c, struct send_batch *b)
     if (sent < 0)
         return sent;
     c->stats->datagrams_sent += (uint64_t)sent;
-    for (int i = b->n - 1; i >= sent; i--)
+    for (int i = b->n - 1; i >= sent; i--) {
         c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in chunk order */
+        comm_of(c)->peers[b->items[i].peer].chunks_queued--;
+    }
     int taken = sent;
     b->n = 0;
     return taken;
@@ -221,7 +223,9 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
     }
     uint32_t chunk = state->sent_chunk;
     for (; chunk < chunk_count && b->n < SEND_BATCH; chunk++) {
-        if (g * c->max_chunks + chunk >= peer->credit_limit) {
+        /* a credit is a position, and covers at most a window beyond what we had sent
+         * when it came: a forged credit cannot make us overrun the receiver by more */
+        if (g * c->max_chunks + chunk >= peer->credit_limit || peer->chunks_queued >= peer->credit_base + c->window_chunks) {
             c->stats->credit_stalls++;
             break;
         }
@@ -252,6 +256,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
                                                 .payload_bytes = h.payload_bytes};
         b->step[b->n] = g;
         b->chunk[b->n++] = chunk;
+        peer->chunks_queued++;
     }
     state->sent_chunk = chunk;
     return chunk >= chunk_count;
@@ -348,7 +353,11 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     uint64_t elements = chunk_length(c, block, h->chunk_index);
     uint64_t id = c->chunk_base[block] + h->chunk_index;
     if (h->payload_bytes != elements * c->wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
-        h->contributions == 0 || h->credit > chunks_in_block(c, block))
+        h->contributions == 0)
+        return DROP_INVALID;
+    /* the count the sender announces (finding 7): exact when the schedule says it holds the
+     * whole block; else at least what already arrived plus this one, at most the block */
+    if (step->recv_whole ? h->credit != chunks_in_block(c, block) : h->credit == 0 || h->credit > chunks_in_block(c, block))
         return DROP_INVALID;
     if (c->state[h->step].closed)
         return DROP_STALE;
@@ -357,8 +366,8 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     /* after the duplicate check: a chunk several senders add to (direct) may be full already
      * because a forged copy got in first; the real one is then a duplicate, not malformed */
     uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
-    if (h->contributions > most)
-        return DROP_INVALID;
+    if (h->contributions > most || h->credit <= c->state[h->step].received)
+        return DROP_INVALID; /* more contributions than ranks, or fewer chunks announced than already came */
     if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;
@@ -394,7 +403,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
     s->received++;
     s->last_arrival_ns = now;
-    if (h->credit && s->announced == 0)
+    if (h->credit > s->announced) /* the largest wins: a sender cannot send more than it has */
         s->announced = h->credit;
     if (h->chunk_index + 1 > s->seen_end) {
         s->seen_end = h->chunk_index + 1;
@@ -404,18 +413,49 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     note_peer_step(comm, peer, h->step);
 }
 
-static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t peer)
+/* Decide what a CREDIT datagram is, changing nothing. A credit names a
+ * position in one of our send steps to its sender; none is higher than the
+ * end of our last such step (an early credit is checked when its call starts). */
+static enum admission admit_credit(const struct call *c, const struct udt_comm *comm, const struct udt_wire_header *h,
+                                   uint32_t bytes, uint32_t peer)
 {
+    if (bytes != UDT_WIRE_HEADER_BYTES || h->payload_bytes != 0 || h->flags != 0 || h->reserved != 0 || h->phase != 0 ||
+        h->step != 0 || h->chunk_index != 0 || h->contributions != 0)
+        return DROP_INVALID;
+    if (h->sequence == c->sequence + 1)
+        return ADMIT;
+    if (h->sequence != c->sequence)
+        return DROP_QUIET; /* a refresh of an earlier call's credit */
+    if (h->layout_tag != c->layout_tag || h->credit > comm->peers[peer].credit_ceiling)
+        return DROP_INVALID;
+    return ADMIT;
+}
+
+static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer)
+{
+    switch (admit_credit(c, comm, h, bytes, peer)) {
+    case ADMIT:
+        break;
+    case DROP_INVALID:
+        c->stats->dropped_invalid++;
+        return;
+    default:
+        return;
+    }
     struct peer_state *p = &comm->peers[peer];
     if (h->sequence == c->sequence) {
         p->heard = 1;
-        if (h->credit > p->credit_limit)
+        if (h->credit >= p->credit_limit) {
             p->credit_limit = h->credit;
-    } else if (h->sequence == c->sequence + 1) {
+            p->credit_base = p->chunks_queued;
+        }
+    } else {
         /* the peer started the next call already: keep its credit for then */
-        if (p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
+        if (!p->early_credit_valid || p->early_credit_sequence != h->sequence || h->credit > p->early_credit)
             p->early_credit = h->credit;
         p->early_credit_sequence = h->sequence;
+        p->early_credit_layout = h->layout_tag;
+        p->early_credit_valid = 1;
         p->heard = 1;
         udt_verdict_peer_moved_on(c, comm, peer);
     }
@@ -438,7 +478,7 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
     const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
     switch (h.kind) {
     case UDT_KIND_CREDIT:
-        on_credit(c, comm, &h, peer);
+        on_credit(c, comm, &h, item->bytes, peer);
         return;
     case UDT_KIND_AGREE:
         udt_verdict_receive(c, comm, &h, payload, item->bytes - UDT_WIRE_HEADER_BYTES, peer, now);
@@ -528,8 +568,8 @@ void udt_close_all_steps(struct call *c)
 {
     while (c->recv_step < c->schedule.steps) {
         struct step_state *s = &c->state[c->recv_step];
-        if (s->expected && s->received < s->expected && !(s->announced && s->received >= s->announced))
-            c->stats->steps_timed_out++;
+        if (s->expected && s->received < s->expected)
+            s->announced && s->received >= s->announced ? c->stats->steps_ended++ : c->stats->steps_timed_out++;
         close_step(c, c->recv_step++);
     }
 }
@@ -543,6 +583,12 @@ static uint64_t step_idle_since(const struct call *c, uint32_t g)
     if (comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->seen_end)
         return 0;
     return s->last_arrival_ns;
+}
+
+/* When a step received every chunk its sender announced (0: not yet). */
+static uint64_t announced_end_ns(const struct step_state *s)
+{
+    return s->announced && s->received >= s->announced ? s->last_arrival_ns : 0;
 }
 
 static uint64_t silence_after(const struct call *c) { return c->start_ns + (c->deadline_ns - c->start_ns) / 2; }
@@ -559,9 +605,13 @@ static int close_ready_steps(struct call *c, uint64_t now)
         struct step_state *s = &c->state[g];
         int32_t p = c->step[g].recv_peer;
         int empty = p == UDT_NO_PEER || s->expected == 0;
-        int complete = s->received >= s->expected || (s->announced && s->received >= s->announced);
+        int complete = s->received >= s->expected;
         struct peer_state *peer = empty ? NULL : &comm->peers[p];
+        /* a relay that announced fewer chunks than the block has ends like an END marker:
+         * after the reorder grace, in which a larger announcement (the real one) may come */
+        uint64_t announced_at = announced_end_ns(s);
         int ended = !empty && ((s->end_seen_ns && now - s->end_seen_ns >= us(o->reorder_grace_us)) ||
+                               (announced_at && now - announced_at >= us(o->reorder_grace_us)) ||
                                (peer->finished && now - peer->finished_at_ns >= us(o->reorder_grace_us)));
         /* the sender already sends us a later step: all of this one that will come, came */
         int superseded = !empty && peer->highest_step_seen > g + 1;
@@ -844,7 +894,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     if (args->collective == UDT_AGREE)
         c->args.count = 0;
     c->stats = stats;
-    comm->sequence++;
+    comm->sequence++; /* wraps modulo 2^32: every comparison is equality or +1 modulo 2^32 */
     stats->sequence = comm->sequence;
     c->sequence = comm->sequence;
     c->n = comm->world_size;
@@ -859,8 +909,11 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->drops_before = comm->transport->counter_injected_drops;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        peer->credit_limit = peer->early_credit_sequence == c->sequence ? peer->early_credit : 0;
-        peer->heard = peer->early_credit_sequence == c->sequence;
+        peer->credit_limit = 0;
+        peer->credit_ceiling = 0;
+        peer->chunks_queued = 0;
+        peer->credit_base = 0;
+        peer->heard = peer->early_credit_valid && peer->early_credit_sequence == c->sequence;
         peer->granted = 0;
         peer->granted_at_ns = 0;
         peer->highest_step_seen = 0;
@@ -871,6 +924,19 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     int rc = prepare(comm, c);
     if (rc != UDT_OK)
         return rc;
+    for (uint32_t g = 0; g < c->schedule.steps; g++)
+        if (c->step[g].send_peer != UDT_NO_PEER)
+            comm->peers[c->step[g].send_peer].credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
+    for (uint32_t p = 0; p < c->n; p++) {
+        struct peer_state *peer = &comm->peers[p];
+        if (!peer->early_credit_valid || peer->early_credit_sequence != c->sequence)
+            continue;
+        peer->early_credit_valid = 0;
+        if (peer->early_credit_layout == c->layout_tag && peer->early_credit <= peer->credit_ceiling)
+            peer->credit_limit = peer->early_credit;
+        else
+            stats->dropped_invalid++; /* checked now that the call's schedule is known */
+    }
     c->phase = PHASE_DATA;
     if (c->n == 1) {
         c->phase = PHASE_DONE; /* nothing to exchange, nobody to disagree with */
@@ -918,6 +984,8 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm)
     uint64_t grace = us(comm->options.reorder_grace_us);
     if (s->end_seen_ns && s->end_seen_ns + grace < wake)
         wake = s->end_seen_ns + grace;
+    if (announced_end_ns(s) && announced_end_ns(s) + grace < wake)
+        wake = announced_end_ns(s) + grace;
     if (p != UDT_NO_PEER && comm->peers[p].finished && comm->peers[p].finished_at_ns + grace < wake)
         wake = comm->peers[p].finished_at_ns + grace;
     return wake;
@@ -1071,6 +1139,15 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
     comm->world_size = world_size;
     comm->session_id = session_id;
     comm->options = *options;
+    if (options->end_repeats > UDT_MAX_END_REPEATS) {
+        snprintf(error, (size_t)error_bytes, "end_repeats %u must be at most %d", options->end_repeats, UDT_MAX_END_REPEATS);
+        free(comm->staging);
+        free(comm->peers);
+        free(comm->geometry);
+        free(comm->block_scratch);
+        free(comm);
+        return NULL;
+    }
     if (comm->options.end_repeats == 0)
         comm->options.end_repeats = 1;
     if (comm->options.agree_resend_us == 0)
@@ -1102,4 +1179,12 @@ void udt_comm_destroy(struct udt_comm *comm)
 }
 
 const char *udt_comm_error(const struct udt_comm *comm) { return comm->error; }
+
+int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence)
+{
+    if (comm->call.phase != PHASE_IDLE)
+        return -1;
+    comm->sequence = sequence;
+    return 0;
+}
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm) { return comm->options.chunk_bytes; }

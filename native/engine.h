@@ -16,6 +16,7 @@
 #include "transport.h"
 
 #define UDT_MAX_WORLD 4096
+#define UDT_MAX_END_REPEATS 8 /* copies of an END marker one send batch holds */
 
 enum udt_status {
     UDT_OK = 0,
@@ -85,7 +86,7 @@ struct udt_collective_stats {
     uint32_t steps;
     uint32_t critical_path;      /* hops on the schedule's longest dependency chain */
     /* how receive steps that missed chunks were closed */
-    uint32_t steps_ended;        /* by the sender's END marker (or its verdict message) */
+    uint32_t steps_ended;        /* by the sender's END marker, its verdict message, or all it announced having come */
     uint32_t steps_superseded;   /* by data of a later step from the same peer */
     uint32_t steps_idle_closed;  /* quiet after a gap */
     uint32_t steps_timed_out;    /* by their share of the deadline */
@@ -105,6 +106,10 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
 void udt_comm_destroy(struct udt_comm *comm);
 int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes);
 const char *udt_comm_error(const struct udt_comm *comm);
+/* Tests only: the sequence number of the last call started (the next call
+ * uses sequence + 1, modulo 2^32). Every rank must set the same value between
+ * calls. Returns -1 during a call. */
+int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence);
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
 
 /* Run one collective to the end. The output is written only on UDT_OK. */

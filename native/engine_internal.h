@@ -37,6 +37,9 @@ struct verdict_slot {
 struct peer_state {
     /* this call */
     uint32_t credit_limit;   /* we may send it positions below this */
+    uint32_t credit_ceiling; /* end of our last send step to it: no valid credit is higher */
+    uint32_t chunks_queued;  /* chunks handed to the transport for it */
+    uint32_t credit_base;    /* chunks_queued when its last credit came: a credit covers at most a window more */
     uint32_t granted;        /* the last credit we sent it */
     uint32_t wanted;         /* scratch of grant_credits */
     uint32_t wanted_epoch;
@@ -49,7 +52,8 @@ struct peer_state {
     uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
     /* kept between calls */
-    uint32_t early_credit_sequence, early_credit;
+    uint32_t early_credit_sequence, early_credit, early_credit_layout;
+    uint8_t early_credit_valid; /* sequence numbers wrap: 0 is a call like any other, not "none" */
     struct verdict_slot slot[2];
 };
 
@@ -117,6 +121,7 @@ struct udt_comm {
     struct peer_state *peers;
     /* our own verdict of the previous call, to answer peers still in it */
     uint32_t last_verdict_sequence;
+    uint8_t have_last_verdict;
     uint32_t last_layout_tag;
     uint8_t last_verdict[UDT_VERDICT_BYTES];
     /* buffers kept between calls so a steady workload allocates nothing */

@@ -192,5 +192,13 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
     }
     schedule->steps = b.next;
     mark_receive_hazards(out, b.next, world_size, block_scratch);
+    /* whole blocks: every reduce step (each rank holds its input everywhere, a
+     * scatter comes from the root), a broadcast's root, and an owner sending
+     * its final block (direct gather, the ring's first gather step) */
+    uint32_t first_gather = collective == UDT_ALL_GATHER ? 0 : n - 1;
+    for (uint32_t g = 0; g < b.next; g++)
+        if (out[g].recv_peer != UDT_NO_PEER)
+            out[g].recv_whole = out[g].phase == UDT_STEP_REDUCE ||
+                                (collective == UDT_BROADCAST ? out[g].recv_peer == (int32_t)root : !ring || g == first_gather);
     return 0;
 }

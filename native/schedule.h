@@ -48,6 +48,9 @@ struct udt_step {
      * steps are done: the last earlier send that reads the same block must
      * have left, or the receive would change what it sends. */
     uint32_t recv_needs_sent;
+    /* The sender holds every chunk of recv_block, so it sends (and announces)
+     * all of them; otherwise it relays what reached it. */
+    uint8_t recv_whole;
 };
 
 struct udt_schedule {

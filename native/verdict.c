@@ -156,7 +156,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         }
         return;
     }
-    if (h->sequence == comm->last_verdict_sequence && comm->last_verdict_sequence != 0) {
+    if (h->sequence == comm->last_verdict_sequence && comm->have_last_verdict) {
         /* a peer still in the previous call lacks our verdict or our acknowledgement */
         if (!is_reply)
             send_verdict(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, comm->last_verdict,
@@ -263,6 +263,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     c->decided_ns = now;
     /* kept to answer peers that are still in this call when we are in the next */
     comm->last_verdict_sequence = c->sequence;
+    comm->have_last_verdict = 1;
     comm->last_layout_tag = c->layout_tag;
     memcpy(comm->last_verdict, c->my_verdict, UDT_VERDICT_BYTES);
     return 1;

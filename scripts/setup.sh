@@ -8,6 +8,7 @@ APT_PACKAGES=(
   libibverbs-dev ibverbs-providers ibverbs-utils perftest python3-pyverbs  # verbs build, rxe provider, interop peer
   iproute2 nftables                                                         # kernel-level packet loss in a namespace
   qemu-system-x86 kmod cpio                                                 # the SoftRoCE rig's guest (cpio: its archive cross-check)
+  clang libclang-rt-14-dev                                                  # scripts/fuzz.sh: libFuzzer, ASan, UBSan
 )
 missing=()
 for package in "${APT_PACKAGES[@]}"; do

@@ -312,3 +312,108 @@ def allreduce_many_lossy(comm, count, calls):
         stats = comm.allreduce(tensor, loss_budget=1.0, deadline=30.0)
         rows.append((round(stats.delivered_fraction, 5), stats.chunks_lost, stats.steps_idle_closed))
     return [r for r in rows if r[1]]
+
+
+def allreduces_across_wrap(comm, last_sequence, calls, algorithm):
+    """Set the sequence number of the last call on this rank (every rank alike),
+    then run `calls` allreduces: (sequences seen, all exact, delivered fractions)."""
+    comm._engine.set_sequence(last_sequence)
+    expected = comm.world_size * (comm.world_size + 1) / 2
+    sequences, exact, fractions = [], True, []
+    for _ in range(calls):
+        tensor = np.full(2000, comm.rank + 1, dtype=np.float32)
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+        sequences.append(stats.sequence)
+        fractions.append(stats.delivered_fraction)
+        exact = exact and bool(np.all(tensor == expected))
+    return sequences, exact, fractions
+
+
+def misaligned_allreduce(comm, count, dtype, offset, algorithm):
+    """An allreduce on an array that starts `offset` bytes past an aligned address."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = bytearray(count * itemsize + 16)
+    start = (-np.frombuffer(raw, dtype=np.uint8).ctypes.data) % 16 + offset
+    tensor = np.frombuffer(raw, dtype=dtype, count=count, offset=start)
+    tensor[:] = rank_values(comm.rank, count, dtype)
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    return tensor.ctypes.data % itemsize, tensor.copy(), stats.delivered_fraction
+
+
+
+def resize_during_call(comm, late_rank, delay_s, kind):
+    """While this rank's call waits for a late peer, another thread takes the
+    only other reference to the tensor, tries to resize it (numpy) and drops
+    it. Returns (what happened, the call's delivered fraction, exact)."""
+    import threading
+    import weakref
+
+    count = 4096
+    make = (lambda: np.full(count, comm.rank + 1, dtype=np.float32)) if kind == "numpy" else \
+        (lambda: torch.full((count,), float(comm.rank + 1)))
+    expected = comm.world_size * (comm.world_size + 1) / 2
+    if comm.rank == late_rank:
+        time.sleep(delay_s)
+        tensor = make()
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+        return None, stats.delivered_fraction, bool(np.all(np.asarray(tensor) == expected))
+    holder = {"tensor": make()}
+    alive = weakref.ref(holder["tensor"])
+    outcome = {}
+
+    def meddle():
+        time.sleep(delay_s / 3)
+        tensor = holder.pop("tensor")
+        if kind == "numpy":
+            try:
+                tensor.resize(64 * count)
+                outcome["resize"] = "done"
+            except ValueError:
+                outcome["resize"] = "refused"
+        else:  # what a training loop does to a parameter: give it other storage
+            tensor.data = torch.zeros(count)
+        del tensor
+        outcome["alive_after_drop"] = alive() is not None
+
+    meddler = threading.Thread(target=meddle)
+    meddler.start()
+    try:
+        stats = comm.allreduce(holder["tensor"], loss_budget=0.0, deadline=10.0)
+        outcome["raised"] = None
+    except RuntimeError as error:
+        outcome["raised"] = str(error)
+    meddler.join()
+    return outcome, None, None
+
+
+def autograd_sees_in_place_collective(comm, collective):
+    """A tensor autograd saved for backward is changed by a collective in place:
+    backward must refuse, as it does after any in-place torch op. Returns
+    (version before, version after, backward's error or None)."""
+    count = 64
+    weight = torch.ones(count, requires_grad=True)
+    tensor = torch.full((count,), float(comm.rank + 1))
+    loss = (weight * tensor).sum()  # saves `tensor` for the gradient of weight
+    before = tensor._version
+    if collective == "allreduce":
+        comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+    else:
+        comm.broadcast(tensor, 0, loss_budget=0.0, deadline=10.0)
+    after = tensor._version
+    try:
+        loss.backward()
+        return before, after, None
+    except RuntimeError as error:
+        return before, after, str(error)
+
+
+def alone_allreduce_sent(comm, count, deadline, algorithm):
+    """Allreduce on this rank only (its peers are not in the call): the call
+    fails with PeerTimeout; returns how many datagrams it sent besides the
+    verdict round's, and how often a credit limit stopped it."""
+    tensor = np.ones(count, dtype=np.float32)
+    try:
+        comm.allreduce(tensor, loss_budget=0.0, deadline=deadline, algorithm=algorithm)
+    except ud_transport.PeerTimeout as error:
+        return error.stats.datagrams_sent - error.stats.agree_messages_sent, error.stats.credit_stalls
+    raise AssertionError("the call succeeded without its peer")

@@ -98,3 +98,26 @@ def test_no_receive_overwrites_a_block_before_it_was_sent(algorithm):
         for g, step in enumerate(steps):
             earlier_sends = [i for i in range(g + 1) if steps[i]["send_block"] == step["recv_block"] and steps[i]["send_peer"] != NO_PEER]
             assert step["recv_needs_sent"] == (earlier_sends[-1] + 1 if earlier_sends else 0)
+
+
+@pytest.mark.parametrize("algorithm", [RING, DIRECT])
+@pytest.mark.parametrize("collective", [ALLREDUCE, _native.COLLECTIVE_REDUCE_SCATTER, _native.COLLECTIVE_ALL_GATHER, BROADCAST])
+@pytest.mark.parametrize("world,root", [(2, 0), (3, 1), (5, 4)])
+def test_a_receive_is_whole_exactly_when_its_sender_holds_the_whole_block(collective, algorithm, world, root):
+    """recv_whole (issue 10, finding 7) lets a receiver demand the exact chunk count: it must
+    hold exactly when the sender cannot lack a chunk: in the reduce half (every rank holds its own
+    input everywhere; a scatter comes from the root), from a broadcast's root, and from the owner
+    of a reduced or gathered block sending that block. A relay may lack chunks lost upstream."""
+    every = schedules(collective, algorithm, world, root=root, rotation=1 if collective == ALLREDUCE else 0)  # as the engine
+    for rank, (summary, steps) in enumerate(every):
+        for g, step in enumerate(steps):
+            if step["recv_peer"] == NO_PEER:
+                continue
+            sender_summary = every[step["recv_peer"]][0]
+            if step["phase"] == 0:
+                whole = True
+            elif collective == BROADCAST:
+                whole = step["recv_peer"] == root
+            else:
+                whole = sender_summary["owned_block"] == step["recv_block"]
+            assert bool(step["recv_whole"]) == whole, (rank, g, step)

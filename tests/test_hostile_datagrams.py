@@ -116,13 +116,28 @@ def forgeries(rank, algorithm, session, sequence, layout):
     chunk_elements = CHUNK_BYTES // 4
     assert steps[0]["recv_needs_sent"] == 0 and COUNT // WORLD >= 4 * chunk_elements
     payload = np.full(chunk_elements, upstream + 1, dtype="<f4").tobytes()
+    block = steps[0]["recv_block"]
+    block_chunks = -(-(_native.block_start(COUNT, WORLD, block + 1) - _native.block_start(COUNT, WORLD, block))
+                     // chunk_elements)
+    assert steps[0]["recv_whole"]  # a reduce step: the sender sends every chunk of the block
+
+    downstream = steps[0]["send_peer"]
+
+    def credit(value, **fields):
+        fields = {"kind": wire_format.KIND_CREDIT, "session_id": session, "sequence": sequence, "source_rank": downstream,
+                  "contributions": 0, "layout": layout, "credit": value, **fields}
+        return wire_format.header(**fields)
 
     def data(chunk, source=upstream, **fields):
         fields = {"kind": wire_format.KIND_DATA, "session_id": session, "sequence": sequence, "source_rank": source,
-                  "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, **fields}
+                  "chunk_index": chunk, "payload_bytes": len(payload), "layout": layout, "credit": block_chunks,
+                  **fields}
         return wire_format.header(**fields) + payload
 
     return [
+        # first: the chunk count a sender announces (finding 7) is known from the schedule here;
+        # believed, one chunk would close the step and lose the rest, blamed on nobody
+        (upstream, data(2, credit=1), "dropped_invalid"),
         (upstream, data(0), None),  # a faithful copy arrives first, so the real one becomes the duplicate
         (upstream, data(1, sequence=sequence - 1), "dropped_stale"),  # the previous call's
         (upstream, data(10**6), "dropped_invalid"),  # chunk out of range
@@ -132,12 +147,19 @@ def forgeries(rank, algorithm, session, sequence, layout):
         (upstream, data(2, phase=wire_format.PHASE_GATHER), "dropped_invalid"),  # step 0 is in the reduce half
         (upstream, data(2, contributions=0), "dropped_invalid"),  # a payload that sums nobody
         (upstream, data(2, kind=9), "dropped_invalid"),  # no such kind
+        (upstream, data(2, credit=block_chunks + 1), "dropped_invalid"),  # more chunks announced than the block has
         (upstream, wire_format.header(kind=wire_format.KIND_AGREE, session_id=session, sequence=sequence,
                                       source_rank=upstream, payload_bytes=16, layout=layout) + bytes(16),
          "dropped_invalid"),  # a verdict of the wrong size
         (other, data(2, source=other), "dropped_invalid"),  # a real peer, but not the one step 0 names
         (upstream, data(3, source=other), "dropped_foreign"),  # claims another rank than its address
         (upstream, data(3, version=1), "dropped_foreign"),  # the wire format before schedules
+        # credits (finding 6): beyond the end of every send step to that peer, carrying a payload,
+        # naming a step, or for another layout; each counted, none moves a credit limit
+        (downstream, credit(2**31), "dropped_invalid"),
+        (downstream, credit(1, payload_bytes=16) + bytes(16), "dropped_invalid"),
+        (downstream, credit(1, step=1), "dropped_invalid"),
+        (downstream, credit(1, layout=layout ^ 1), "dropped_invalid"),
     ]
 
 
@@ -171,3 +193,29 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         assert stats.sequence == next_sequence
         assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (rank, stats)
         assert drops(stats) == want[rank], f"rank {rank}: counted {drops(stats)}, forged {want[rank]}"
+
+
+def test_a_forged_credit_lets_a_sender_send_at_most_one_window():
+    """Finding 6: rank 1 is not in the call, so it grants nothing; a forged CREDIT
+    from its address grants rank 0 everything the schedule allows. Rank 0 still
+    sends no more than one window of chunks (16 here) before it waits for a
+    credit from rank 1 itself; believed, the credit sent all 1024 chunks of
+    the step at a receiver that was not reading."""
+    if os.geteuid() != 0:
+        skip_or_fail("forging a peer's source address needs a raw socket (root)")
+    chunk_bytes, count, window_chunks = 256, 64 * 1024, 16
+    # credits refreshed rarely: what rank 0 sends is then its data, its END markers and a few credits
+    cluster = get_cluster(2, chunk_bytes=chunk_bytes, window_bytes=window_chunks * chunk_bytes,
+                          credit_refresh_us=10_000_000)
+    addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
+    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS["ring"], 0, 2, 0, 1)
+    max_chunks = count // 2 // (chunk_bytes // 4)
+    ceiling = max(g * max_chunks + max_chunks for g, step in enumerate(steps) if step["send_peer"] == 1)
+    credit = wire_format.header(kind=wire_format.KIND_CREDIT, session_id=session, sequence=1, source_rank=1,
+                                contributions=0, layout=wire_format.layout_tag(count, "float32", 0, chunk_bytes,
+                                                                               algorithm="ring"), credit=ceiling)
+    spoof(addresses[1], addresses[0], credit)
+    sent, stalls = cluster.run(tasks.alone_allreduce_sent, count, 1.0, "ring", ranks=[0])[0]
+    assert stalls > 0
+    assert window_chunks <= sent <= window_chunks + 8, sent  # a window of data, and a credit or two of its own

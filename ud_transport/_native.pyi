@@ -6,6 +6,7 @@ HEADER_BYTES: int
 WIRE_MAGIC: int
 WIRE_VERSION: int
 MAX_WORLD_SIZE: int
+MAX_END_REPEATS: int
 VERBS_ADDRESS_BYTES: int
 STATUS_OK: int
 STATUS_LOSS_BUDGET: int
@@ -62,6 +63,7 @@ class Engine:
     def __init__(self, transport: Transport, rank: int, world_size: int, session_id: int,
                  options: dict[str, int]) -> None: ...
     def set_peers(self, addresses: bytes, address_bytes: int) -> None: ...
+    def set_sequence(self, sequence: int) -> None: ...
     def run(self, collective: int, algorithm: int, input: int, output: int, count: int, dtype: int, op: int,
             estimator: int, root: int, agree_value: int, loss_budget: float,
             deadline_s: float) -> tuple[int, dict[str, Any], str]: ...

@@ -189,6 +189,8 @@ class Communicator:
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if status == _native.STATUS_OK:
+            if target is not None and collective != _native.COLLECTIVE_AGREE:
+                target.written()
             if not stats.deadline_expired and nbytes:
                 self._deadlines.record(nbytes, stats.elapsed_s)
             return stats

@@ -3,6 +3,8 @@ for scripts. Keyword arguments win over the environment."""
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from . import _native
+
 MIB = 1 << 20
 
 # option name -> environment variable
@@ -56,8 +58,8 @@ class Options:
             raise ValueError("deadlines must be positive")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.end_repeats < 1:
-            raise ValueError("end_repeats must be at least 1")
+        if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
+            raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
 
     def engine_options(self, chunk_bytes, window_bytes=None):

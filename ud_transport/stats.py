@@ -34,7 +34,7 @@ class CollectiveStats:
     dropped_early: int
     injected_drops: int
     agree_messages_sent: int
-    steps_ended: int  # receive steps with missing chunks closed by the END marker,
+    steps_ended: int  # receive steps with missing chunks closed by the END marker (or all the sender announced),
     steps_superseded: int  # by data of a later step,
     steps_idle_closed: int  # by quiet after a gap,
     steps_timed_out: int  # or by their share of the deadline

@@ -8,9 +8,16 @@ ESTIMATOR_CODES = {"unbiased": 0, "zero_fill": 1}
 
 
 class TensorView:
-    __slots__ = ("address", "count", "dtype_name", "dtype_code", "element_bytes")
+    """The memory a call works on, pinned for as long as the view lives (the
+    engine holds a raw address with the GIL released): for numpy an exported
+    buffer (a memoryview, which also keeps numpy from resizing the array), for
+    torch the tensor and its storage, so neither del nor `tensor.data = other`
+    in another thread frees the memory under the call. torch has no way to
+    refuse resize_() or set_() during a call; `written()` detects a tensor
+    moved to other memory afterwards."""
+    __slots__ = ("address", "count", "dtype_name", "dtype_code", "element_bytes", "pin", "tensor")
 
-    def __init__(self, address, count, dtype_name, element_bytes):
+    def __init__(self, address, count, dtype_name, element_bytes, pin=None, tensor=None):
         if dtype_name not in DTYPE_CODES:
             supported = ", ".join(DTYPE_CODES)
             raise TypeError(f"dtype {dtype_name} is not supported (supported: {supported})")
@@ -19,6 +26,19 @@ class TensorView:
         self.dtype_name = dtype_name
         self.dtype_code = DTYPE_CODES[dtype_name]
         self.element_bytes = element_bytes
+        self.pin = pin
+        self.tensor = tensor  # a torch tensor the engine writes through its data_ptr
+
+    def written(self):
+        """The engine wrote this view's memory: tell autograd (torch counts in-place
+        writes in a version counter, and a write through data_ptr is invisible to it),
+        after checking the tensor still lives in that memory."""
+        if self.tensor is None:
+            return
+        if self.tensor.data_ptr() != self.address or self.tensor.numel() != self.count:
+            raise RuntimeError("the tensor was resized or given other storage (resize_, set_, .data =) during the "
+                               "collective; the result went to the memory it had when the call started")
+        _increment_version(self.tensor)
 
     @property
     def nbytes(self):
@@ -32,7 +52,8 @@ def _numpy_view(array):
         raise ValueError("collectives work in place and the array is read-only")
     if not array.dtype.isnative:
         raise TypeError(f"dtype {array.dtype.str} is not in this machine's byte order: use array.astype(array.dtype.newbyteorder('='))")
-    return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize)
+    pin = memoryview(array)  # an exported buffer: holds the array for the whole call
+    return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize, pin=pin)
 
 
 def _torch_view(tensor):
@@ -44,7 +65,13 @@ def _torch_view(tensor):
     if tensor.is_sparse or tensor.is_quantized:
         raise TypeError("collectives take dense, non-quantized tensors")
     name = str(tensor.dtype).removeprefix("torch.")
-    return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size())
+    return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size(),
+                      pin=(tensor, tensor.untyped_storage()), tensor=tensor)
+
+
+def _increment_version(tensor):
+    from torch.autograd.graph import increment_version  # O(1), unlike an in-place no-op over the data
+    increment_version(tensor)
 
 
 def view_of(tensor):

@@ -1,0 +1,37 @@
+"""Finding 12 of issue 10: end_repeats is bounded with a clear error, and the
+per-call sequence number wraps at 2**32 like any other increment (0 is an
+ordinary call, not "none")."""
+import pytest
+
+import tasks
+import ud_transport
+from conftest import get_cluster
+from ud_transport import _native
+from ud_transport import options as options_module
+
+
+@pytest.mark.parametrize("value", [0, _native.MAX_END_REPEATS + 1, 10**9])
+def test_end_repeats_out_of_bounds_is_refused_clearly(value):
+    with pytest.raises(ValueError, match=f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}"):
+        options_module.build(end_repeats=value)
+
+
+def test_engine_refuses_too_many_end_repeats_itself():
+    transport = _native.Transport.udp("127.0.0.1", 0, 1 << 20)
+    engine_options = options_module.build().engine_options(1024)
+    engine_options["end_repeats"] = _native.MAX_END_REPEATS + 1
+    with pytest.raises(ValueError, match="end_repeats"):
+        _native.Engine(transport, 0, 2, 1, engine_options)
+
+
+def test_most_end_repeats_allowed_work():
+    assert options_module.build(end_repeats=_native.MAX_END_REPEATS).end_repeats == _native.MAX_END_REPEATS
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
+def test_sequence_number_wraps_at_two_to_the_32(algorithm):
+    cluster = get_cluster(3, chunk_bytes=256)
+    per_rank = cluster.run(tasks.allreduces_across_wrap, 2**32 - 3, 6, algorithm)
+    for sequences, exact, fractions in per_rank:
+        assert sequences == [2**32 - 2, 2**32 - 1, 0, 1, 2, 3]
+        assert exact and fractions == [1.0] * 6
