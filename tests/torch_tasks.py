@@ -1,6 +1,9 @@
 """Rank-side functions for the torch-layer tests (run by LocalCluster, so
 they live in an importable module). Each sets up what it needs on the
-rank's store and tears it down, so clusters can be reused."""
+rank's store and tears it down, so clusters can be reused. Lossy calls get a
+10 s deadline: the adaptive one (floor 1 s) can expire when a rank process
+is off the CPU for a second on a loaded 2-core machine, which is not what
+these tests are about."""
 import contextlib
 
 import torch
@@ -116,7 +119,7 @@ def backend_wait_raises(comm, tag, budget):
     """A "ud" group with policy raise under the cluster's injected loss:
     returns (exception class name or "ok", tensor unchanged)."""
     inject = comm.options.inject
-    options = udt.BackendOptions(loss_budget=budget, on_budget_miss="raise", communicator={"inject": inject})
+    options = udt.BackendOptions(loss_budget=budget, on_budget_miss="raise", deadline=10.0, communicator={"inject": inject})
     with gloo_world(comm, f"raise-{tag}"):
         group = dist.new_group(backend="ud", pg_options=options)
         tensor = torch.arange(4000, dtype=torch.float32) + comm.rank
@@ -135,7 +138,7 @@ def two_stage_branches(comm, steps, budget, policy):
     optimizer state unchanged when skipped), and the counters."""
     model = small_model(seed=comm.rank)
     optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm,
-                                          loss_budget=budget, on_budget_miss=policy)
+                                          loss_budget=budget, on_budget_miss=policy, deadline=10.0)
     data = batches(comm.rank, steps)
     branches = []
     for x, y in data:
@@ -161,7 +164,7 @@ def hook_branches(comm, tag, steps, budget):
         model = small_model(seed=0)
         ddp = DDP(model)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-2)
-        state = udt.LossyHookState(comm, loss_budget=budget, on_budget_miss="skip")
+        state = udt.LossyHookState(comm, loss_budget=budget, on_budget_miss="skip", deadline=10.0)
         ddp.register_comm_hook(state, udt.lossy_allreduce_hook)
         taken = []
         for x, y in data:
