@@ -110,7 +110,7 @@ def run_arm(comm, arm, config):
     elif method == "two_stage":
         phase = udt.PhaseAwareBudget(stable_budget=1.0, critical_budget=0.0, communicator=comm) if arm.get("phase") else None
         optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase,
-                                              exact_gather=arm.get("exact_gather", False))
+                                              exact_gather=arm.get("exact_gather", False), deadline=config.get("deadline"))
     else:
         optimizer = inner
     sync = None
@@ -133,7 +133,7 @@ def run_arm(comm, arm, config):
                 dist.all_reduce(flat)
                 flat /= comm.world_size
             else:
-                stats = comm.allreduce(flat, op="mean", loss_budget=1.0)
+                stats = comm.allreduce(flat, op="mean", loss_budget=1.0, deadline=config.get("deadline"))
                 fractions.append((stats.reduce_fraction, stats.gather_fraction))
             offset = 0
             for p in parameters:
@@ -204,6 +204,8 @@ def main():
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the short version the tests run")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds per ud call (default: adaptive, floor 1 s; raise it on an oversubscribed machine)")
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     parser.add_argument("--json", default="", help="write the results here")
     parser.add_argument("--plot", default="", help="draw perplexity and drift curves to this PNG")
@@ -217,7 +219,7 @@ def main():
             plot(saved["results"], args.plot)
         return
     config = dict(width=128, layers=2, heads=4, context=64, batch=16, lr=2e-3, steps=args.steps, eval_every=50,
-                  eval_batches=16, sync_every=50, seed=args.seed)
+                  eval_batches=16, sync_every=50, seed=args.seed, deadline=args.deadline)
     if args.quick:
         config.update(width=64, layers=1, context=32, batch=8, steps=min(args.steps, 200), eval_every=50, eval_batches=8)
     arms = arms_for(args.quick)
