@@ -145,8 +145,8 @@ def test_info_says_what_it_would_use_or_why_not():
     if HAS_RDMA:
         assert result.returncode == 0 and "ud_transport would use:" in result.stdout
         assert "transport='auto' resolves to: verbs" in result.stdout
-    else:
-        assert result.returncode == 1
+    else:  # UDP works, so info succeeds and says why verbs does not
+        assert result.returncode == 0
         assert "no RDMA devices: ibv_get_device_list failed" in result.stdout or "ibv_open_device failed" in result.stdout
         assert "transport='auto' resolves to: udp" in result.stdout
 

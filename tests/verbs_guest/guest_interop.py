@@ -194,7 +194,11 @@ def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoi
         ],
     }
     stranger = [first_rs]  # a well-formed datagram from a QP that is not in our peer table
-    items = [dict(to_us, hex=header(CREDIT, session, sequence, source=0, credit=1 << 30, layout=layout).hex())]
+    # credit for all we will send (the engine refuses a credit beyond its last send step to the
+    # sender: step index x the most chunks a block has, plus the chunks of that step's block)
+    most_chunks = max(len(segment_chunks(COUNT, world, block)) for block in range(world))
+    all_we_send = 1 * most_chunks + len(segment_chunks(COUNT, world, ag_from_us))
+    items = [dict(to_us, hex=header(CREDIT, session, sequence, source=0, credit=all_we_send, layout=layout).hex())]
     items += [dict(to_us, hex=g.hex()) for kind in ("foreign", "invalid") for g in garbage[kind]]
     items += [dict(to_us, hex=g.hex(), **{"from": "stranger"}) for g in stranger]
     items += [dict(to_us, hex=d.hex()) for d in data(REDUCE_SCATTER, rs_to_us, theirs, 1, 0)]

@@ -84,5 +84,6 @@ def lossy_allreduce_hook(state, bucket):
     Runs on the communicator's worker thread, so backward goes on meanwhile."""
     buffer = bucket.buffer()
     work = state._worker.submit(lambda: state._allreduce(buffer), buffer)
+    state._pending = [w for w in state._pending if not w.is_completed()]  # bounded even if step() is never called
     state._pending.append(work)
     return work.get_future()
