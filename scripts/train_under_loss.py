@@ -117,7 +117,7 @@ def run_arm(comm, arm, config):
     if arm.get("sync"):
         sync = udt.ParameterSync(model, comm, every=config["sync_every"],
                                  source="owners" if method == "two_stage" else "rank0",
-                                 optimizer=optimizer if method == "two_stage" else None)
+                                 optimizer=optimizer if method == "two_stage" else None, deadline=config.get("deadline"))
     curve, drift, step_times, fractions = [], [], [], []
     progress = None
     if comm.rank == 0 and sys.stderr.isatty():
@@ -147,7 +147,7 @@ def run_arm(comm, arm, config):
         step_times.append(time.perf_counter() - started)
         optimizer.zero_grad()
         if (step + 1) % config["eval_every"] == 0 or step + 1 == config["steps"]:
-            measured = udt.replica_drift(model, comm)["max"]
+            measured = udt.replica_drift(model, comm, deadline=config.get("deadline"))["max"]
             drift.append((step + 1, measured))
             if comm.rank == 0:
                 curve.append((step + 1, validation_perplexity(model, valid_data, config)))
