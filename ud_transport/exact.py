@@ -68,26 +68,15 @@ def _identical_everywhere(comm, tensor, deadline):
     return True
 
 
-def _snapshot(tensor):
-    return tensor.clone() if hasattr(tensor, "clone") else tensor.copy()
-
-
-def _restore(tensor, saved):
-    if hasattr(tensor, "copy_"):
-        tensor.copy_(saved)
-    else:
-        tensor[...] = saved
-
-
 def _repeat(comm, attempt, target, what, attempts, deadline):
-    saved = _snapshot(target)
+    saved = target.clone()  # targets here are always torch tensors (word views or scratch)
     total_stats = []
     for _ in range(attempts):
         stats = attempt()
         total_stats.append(stats)
         if stats.gather_fraction >= 1.0 or _identical_everywhere(comm, target, deadline):
             return total_stats
-    _restore(target, saved)
+    target.copy_(saved)
     raise LossBudgetExceeded(f"rank {comm.rank}: exact {what} still incomplete after {attempts} attempts", total_stats[-1])
 
 
@@ -131,8 +120,8 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     min, product (strings or torch ReduceOp)."""
     import torch
 
-    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
-    name = {"avg": "mean", "prod": "product"}.get(name.lower(), name.lower())
+    name = tensors.op_name(op)
+    name = {"avg": "mean", "prod": "product"}.get(name, name)
     if name not in ("sum", "mean", "max", "min", "product"):
         raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
     wrapped = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)

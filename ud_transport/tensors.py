@@ -85,11 +85,18 @@ def view_of(tensor):
     raise TypeError(f"collectives take a numpy array or a torch tensor, got {type(tensor).__name__}")
 
 
+def op_name(op):
+    """The lower-case name of a reduction given as a string, a
+    torch.distributed.ReduceOp, or the RedOpType inside one."""
+    if isinstance(op, str):
+        return op.lower()
+    op = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType
+    return str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+
+
 def op_code(op):
     """"sum", "mean"/"avg", or torch.distributed.ReduceOp.SUM / AVG."""
-    name = op
-    if not isinstance(op, str):
-        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+    name = op_name(op)
     try:
         return OP_CODES[name]
     except (KeyError, TypeError):

@@ -57,6 +57,14 @@ def flatten(tensors, dtype=None):
 
 
 @torch.no_grad()
+def flatten_into(tensors, out):
+    """flatten(tensors) written into `out` (no new vector per call)."""
+    if tensors:
+        torch.cat([t.detach().reshape(-1) for t in tensors], out=out)
+    return out
+
+
+@torch.no_grad()
 def unflatten_into(flat, tensors):
     """Copy consecutive pieces of `flat` into `tensors`."""
     offset = 0

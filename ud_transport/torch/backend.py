@@ -21,6 +21,7 @@ from .. import exact
 from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded
+from ..tensors import op_name
 from . import _common, policy
 from ._worker import SerialWorker
 
@@ -75,9 +76,12 @@ class BackendOptions:
         return cls(**values).validate()
 
 
-def _op_name(op):
-    op = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType
-    return str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+def _unsupported(name):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"the 'ud' backend does not implement {name}; supported: allreduce, broadcast, "
+                                  "allgather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
+    method.__name__ = name
+    return method
 
 
 class ProcessGroupUD(dist.ProcessGroup):
@@ -131,7 +135,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def _lossy(self, kind, tensor, op):
         return (kind in self.config.lossy and self.config.loss_budget > 0 and tensor.dtype in LOSSY_DTYPES
-                and _op_name(op) in ("sum", "avg"))
+                and op_name(op) in ("sum", "avg"))
 
     def _lossy_call(self, call):
         raise_on_miss = self.config.on_budget_miss == policy.RAISE
@@ -155,11 +159,11 @@ class ProcessGroupUD(dist.ProcessGroup):
         comm = self.communicator
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self._lossy("allreduce", tensor, op):
-            self._lossy_call(lambda budget: comm.allreduce(work, op=_op_name(op), loss_budget=budget,
+            self._lossy_call(lambda budget: comm.allreduce(work, op=op_name(op), loss_budget=budget,
                                                            deadline=self.config.deadline, algorithm=self.config.algorithm))
         else:
             self.exact_calls += 1
-            exact.allreduce(comm, work, _op_name(op), deadline=self.config.deadline)
+            exact.allreduce(comm, work, op_name(op), deadline=self.config.deadline)
         if work is not tensor:
             tensor.copy_(work)
 
@@ -167,13 +171,13 @@ class ProcessGroupUD(dist.ProcessGroup):
         comm = self.communicator
         if self._lossy("reduce_scatter", flat_input, op):
             target = output if output.is_contiguous() else output.contiguous()
-            self._lossy_call(lambda budget: comm.reduce_scatter(flat_input, target, op=_op_name(op), loss_budget=budget,
+            self._lossy_call(lambda budget: comm.reduce_scatter(flat_input, target, op=op_name(op), loss_budget=budget,
                                                                 deadline=self.config.deadline,
                                                                 algorithm=self.config.algorithm))
         else:
             self.exact_calls += 1
             reduced = flat_input.clone()
-            exact.allreduce(comm, reduced, _op_name(op), deadline=self.config.deadline)
+            exact.allreduce(comm, reduced, op_name(op), deadline=self.config.deadline)
             start, stop = comm.shard_range(reduced.numel())
             target = reduced[start:stop]
         if target.data_ptr() != output.data_ptr():
@@ -268,36 +272,14 @@ class ProcessGroupUD(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._worker.submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
 
-    def _unsupported(self, name):
-        raise NotImplementedError(f"the 'ud' backend does not implement {name}; supported: allreduce, broadcast, "
-                                  "allgather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
-
-    def send(self, *args, **kwargs):
-        self._unsupported("send")
-
-    def recv(self, *args, **kwargs):
-        self._unsupported("recv")
-
-    def recv_anysource(self, *args, **kwargs):
-        self._unsupported("recv_anysource")
-
-    def alltoall(self, *args, **kwargs):
-        self._unsupported("alltoall")
-
-    def alltoall_base(self, *args, **kwargs):
-        self._unsupported("all_to_all_single")
-
-    def all_to_all_single(self, *args, **kwargs):
-        self._unsupported("all_to_all_single")
-
-    def gather(self, *args, **kwargs):
-        self._unsupported("gather")
-
-    def scatter(self, *args, **kwargs):
-        self._unsupported("scatter")
-
-    def reduce(self, *args, **kwargs):
-        self._unsupported("reduce")
+    send = _unsupported("send")
+    recv = _unsupported("recv")
+    recv_anysource = _unsupported("recv_anysource")
+    alltoall = _unsupported("alltoall")
+    alltoall_base = all_to_all_single = _unsupported("all_to_all_single")
+    gather = _unsupported("gather")
+    scatter = _unsupported("scatter")
+    reduce = _unsupported("reduce")
 
     def shutdown(self):
         self._worker.close()

@@ -21,7 +21,7 @@ import torch
 from .. import exact
 from ..errors import LossBudgetExceeded
 from . import policy
-from ._common import communicator_of, flatten, unflatten_into
+from ._common import communicator_of, flatten, flatten_into, unflatten_into
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -59,6 +59,7 @@ class LossTolerantOptimizer:
             raise ValueError("LossTolerantOptimizer takes CPU parameters (copy to the host around it on GPUs)")
         self.dtype = next(iter(dtypes))
         self._flat = flatten(self._params)
+        self._grads = torch.empty_like(self._flat)
         # every replica starts from rank 0's parameters, exactly
         exact.broadcast(self.communicator, self._flat, 0, deadline=deadline)
         unflatten_into(self._flat, self._params)
@@ -119,7 +120,7 @@ class LossTolerantOptimizer:
             with torch.enable_grad():
                 closure()
         comm = self.communicator
-        grads = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params], self.dtype)
+        grads = flatten_into([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params], self._grads)
         budget = self.phase_budget.budget(grads) if self.phase_budget is not None else self.loss_budget
         self.budgets.append(budget)
         self.counters.steps += 1
@@ -153,7 +154,7 @@ class LossTolerantOptimizer:
                 piece.grad = shard_grad[low:high].clone()
             self._inner.step()
         own = self.owner_values()
-        self._flat.copy_(flatten(self._params))  # where a chunk does not arrive, it keeps this replica's value
+        flatten_into(self._params, self._flat)  # where a chunk does not arrive, it keeps this replica's value
         if budget == 0.0 or self.exact_gather:
             exact.all_gather(comm, own, self._flat, deadline=self.deadline)
         else:
