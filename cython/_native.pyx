@@ -137,7 +137,7 @@ ALGORITHM_RING = UDT_ALGORITHM_RING
 ALGORITHM_DIRECT = UDT_ALGORITHM_DIRECT
 
 ENGINE_OPTION_NAMES = ("chunk_bytes", "window_bytes", "end_repeats", "credit_refresh_us", "reorder_grace_us",
-                       "busy_poll_us", "idle_close_us", "agree_resend_us")
+                       "busy_poll_us", "idle_close_us", "agree_resend_us", "join_timeout_ms")
 
 
 cdef udt_engine_options engine_options(dict values) except *:
@@ -155,6 +155,7 @@ cdef udt_engine_options engine_options(dict values) except *:
     options.busy_poll_us = values["busy_poll_us"]
     options.idle_close_us = values["idle_close_us"]
     options.agree_resend_us = values["agree_resend_us"]
+    options.join_timeout_ms = values["join_timeout_ms"]
     return options
 
 

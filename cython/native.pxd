@@ -109,6 +109,7 @@ cdef extern from "engine.h" nogil:
         uint32_t busy_poll_us
         uint32_t idle_close_us
         uint32_t agree_resend_us
+        uint32_t join_timeout_ms
 
     struct udt_collective_stats:
         double delivered_fraction
@@ -128,9 +129,11 @@ cdef extern from "engine.h" nogil:
         uint64_t dropped_early
         uint64_t injected_drops
         uint64_t agree_messages_sent
+        uint64_t join_messages_sent
         double elapsed_s
         double deadline_s
         double agree_s
+        double join_wait_s
         uint32_t sequence
         uint32_t steps
         uint32_t critical_path
@@ -232,6 +235,7 @@ cdef extern from "wire.h" nogil:
         UDT_KIND_END
         UDT_KIND_CREDIT
         UDT_KIND_AGREE
+        UDT_KIND_JOIN
 
     struct udt_wire_header:
         uint32_t magic

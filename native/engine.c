@@ -8,6 +8,9 @@
  *    block rescales by N/count, so the estimate is unbiased.
  *  - Receivers grant senders credits (a window of positions shared by all
  *    senders), so a healthy link never overflows a receive buffer.
+ *  - The data deadline counts from the moment every rank is known to be in
+ *    the call (a JOIN exchange finds the quiet ones), so a late rank costs
+ *    time, not data; a separate, long join timeout catches the absent.
  *  - Then the verdict round (verdict.c): every rank returns the same outcome.
  * The caller's output is written once, at the end, and only on success. */
 #define _GNU_SOURCE
@@ -42,6 +45,36 @@ static int fail(struct udt_comm *comm, int status, const char *message)
 }
 
 static uint64_t us(uint32_t microseconds) { return (uint64_t)microseconds * 1000ull; }
+
+static void set_step_deadline(struct call *c, uint64_t now);
+
+/* The verdict round may run past the data deadline by a bounded slack. */
+static void set_deadlines(struct call *c, uint64_t from, double seconds)
+{
+    double slack_s = c->args.deadline_s / 4 < 0.05 ? 0.05 : c->args.deadline_s / 4 > 1.0 ? 1.0 : c->args.deadline_s / 4;
+    c->deadline_ns = from + (uint64_t)(seconds * 1e9);
+    c->hard_deadline_ns = c->deadline_ns + (uint64_t)(slack_s * 1e9);
+}
+
+/* A peer showed it is in this call (any valid datagram of it). When it is
+ * the last one we waited for, the data deadline starts. */
+void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
+{
+    struct peer_state *p = &comm->peers[peer];
+    p->last_heard_ns = now;
+    if (p->heard || peer == c->rank)
+        return;
+    p->heard = 1;
+    p->join_requests = 0; /* from now on requests are liveness probes, starting again at the first interval */
+    p->join_request_ns = 0;
+    if (++c->heard_count == c->n - 1 && !c->all_heard_ns) {
+        c->all_heard_ns = now;
+        c->stats->join_wait_s = (double)(now - c->start_ns) * 1e-9;
+        set_deadlines(c, now, c->args.deadline_s);
+        if (c->phase == PHASE_DATA)
+            set_step_deadline(c, now);
+    }
+}
 
 /* ---- geometry of this call ------------------------------------------- */
 
@@ -373,10 +406,10 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     return ADMIT;
 }
 
-static void note_peer_step(struct udt_comm *comm, uint32_t peer, uint32_t step)
+static void note_peer_step(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t step, uint64_t now)
 {
     struct peer_state *p = &comm->peers[peer];
-    p->heard = 1;
+    udt_hear(c, comm, peer, now);
     if (step + 1 > p->highest_step_seen)
         p->highest_step_seen = step + 1; /* a sender goes through its steps in order */
 }
@@ -410,7 +443,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
         c->credits_dirty = 1;
     }
     c->stats->datagrams_received++;
-    note_peer_step(comm, peer, h->step);
+    note_peer_step(c, comm, peer, h->step, now);
 }
 
 /* Decide what a CREDIT datagram is, changing nothing. A credit names a
@@ -431,7 +464,8 @@ static enum admission admit_credit(const struct call *c, const struct udt_comm *
     return ADMIT;
 }
 
-static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer)
+static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer,
+                      uint64_t now)
 {
     switch (admit_credit(c, comm, h, bytes, peer)) {
     case ADMIT:
@@ -443,8 +477,8 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
         return;
     }
     struct peer_state *p = &comm->peers[peer];
+    udt_hear(c, comm, peer, now); /* in this call, or already in the next */
     if (h->sequence == c->sequence) {
-        p->heard = 1;
         if (h->credit >= p->credit_limit) {
             p->credit_limit = h->credit;
             p->credit_base = p->chunks_queued;
@@ -456,9 +490,107 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
         p->early_credit_sequence = h->sequence;
         p->early_credit_layout = h->layout_tag;
         p->early_credit_valid = 1;
-        p->heard = 1;
         udt_verdict_peer_moved_on(c, comm, peer);
     }
+}
+
+/* ---- who is in the call: JOIN requests and replies --------------------- */
+
+static int send_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag, uint8_t flags)
+{
+    struct udt_wire_header h;
+    udt_fill_header(c, &h, UDT_KIND_JOIN, 0);
+    h.sequence = sequence;
+    h.layout_tag = layout_tag;
+    h.flags = flags;
+    uint8_t *slot = comm->headers[SEND_BATCH + 2];
+    udt_wire_encode(&h, slot);
+    struct udt_send_item item = {.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
+    int rc = udt_transport_send(comm->transport, &item, 1);
+    if (rc > 0) {
+        c->stats->datagrams_sent++;
+        c->stats->join_messages_sent++;
+    }
+    return rc;
+}
+
+static enum admission admit_join(const struct udt_wire_header *h, uint32_t bytes)
+{
+    if (bytes != UDT_WIRE_HEADER_BYTES || h->payload_bytes != 0 || (h->flags & ~UDT_JOIN_REPLY) || h->reserved != 0 ||
+        h->phase != 0 || h->step != 0 || h->chunk_index != 0 || h->contributions != 0 || h->credit != 0)
+        return DROP_INVALID;
+    return ADMIT;
+}
+
+/* A request is answered at once, for this call or, to a peer still in our
+ * previous one, for that; a reply is never answered. The layout is not
+ * checked here: a peer in the call with another layout is in the call, and
+ * the verdict round names it. */
+static int on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer, uint64_t now)
+{
+    if (admit_join(h, bytes) != ADMIT) {
+        c->stats->dropped_invalid++;
+        return 0;
+    }
+    int request = !(h->flags & UDT_JOIN_REPLY);
+    struct peer_state *p = &comm->peers[peer];
+    if (h->sequence == c->sequence) {
+        udt_hear(c, comm, peer, now);
+        return request ? send_join(c, comm, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY) : 0;
+    }
+    if (h->sequence == c->sequence + 1) { /* it is in our next call, so it is done with this one */
+        p->early_join_sequence = h->sequence;
+        p->early_join_valid = 1;
+        udt_hear(c, comm, peer, now);
+        udt_verdict_peer_moved_on(c, comm, peer);
+        return 0; /* we are not in that call yet: it asks again */
+    }
+    if (request && comm->have_last_verdict && h->sequence == comm->last_verdict_sequence)
+        return send_join(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, UDT_JOIN_REPLY);
+    return 0;
+}
+
+/* Intervals between requests to one peer: the first after agree_resend_us,
+ * doubling up to 128x, so a rank waiting minutes for a late one sends it a
+ * few thousand 44-byte datagrams, not millions. */
+static uint64_t join_request_interval(const struct udt_comm *comm, uint32_t attempts)
+{
+    return us(comm->options.agree_resend_us) << (attempts < 7 ? attempts : 7);
+}
+
+static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
+{
+    struct peer_state *p = &comm->peers[peer];
+    if (!p->join_request_ns) /* a probe: give the sender a moment to show itself first */
+        p->join_request_ns = now + join_request_interval(comm, 0);
+    if (now < p->join_request_ns)
+        return 0;
+    int rc = send_join(c, comm, peer, c->sequence, c->layout_tag, 0);
+    if (rc < 0)
+        return rc;
+    p->join_request_ns = now + join_request_interval(comm, p->join_requests++);
+    return 1;
+}
+
+/* Ask every peer not yet heard from in this call whether it is in it. */
+static int request_joins(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    if (c->all_heard_ns || now < c->join_request_due_ns)
+        return 0;
+    uint64_t due = UINT64_MAX;
+    int progressed = 0;
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->rank || comm->peers[p].heard)
+            continue;
+        int rc = request_join(c, comm, p, now);
+        if (rc < 0)
+            return rc;
+        progressed |= rc;
+        if (comm->peers[p].join_request_ns < due)
+            due = comm->peers[p].join_request_ns;
+    }
+    c->join_request_due_ns = due;
+    return progressed;
 }
 
 static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_recv_item *item, uint64_t now)
@@ -478,7 +610,10 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
     const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
     switch (h.kind) {
     case UDT_KIND_CREDIT:
-        on_credit(c, comm, &h, item->bytes, peer);
+        on_credit(c, comm, &h, item->bytes, peer, now);
+        return;
+    case UDT_KIND_JOIN:
+        on_join(c, comm, &h, item->bytes, peer, now); /* a reply the socket refused: the peer asks again */
         return;
     case UDT_KIND_AGREE:
         udt_verdict_receive(c, comm, &h, payload, item->bytes - UDT_WIRE_HEADER_BYTES, peer, now);
@@ -507,7 +642,7 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
     if (h.kind == UDT_KIND_END) {
         if (!c->state[h.step].end_seen_ns)
             c->state[h.step].end_seen_ns = now;
-        note_peer_step(comm, peer, h.step);
+        note_peer_step(c, comm, peer, h.step, now);
         return;
     }
     accept_data(c, comm, &h, payload, peer, now);
@@ -591,7 +726,23 @@ static uint64_t announced_end_ns(const struct step_state *s)
     return s->announced && s->received >= s->announced ? s->last_arrival_ns : 0;
 }
 
-static uint64_t silence_after(const struct call *c) { return c->start_ns + (c->deadline_ns - c->start_ns) / 2; }
+/* The lowest open step is past its share of the deadline but its sender has
+ * not been heard since: it may be stopped (a pause, a debugger, a swapped-out
+ * process) rather than done, so the step is not closed on the share; the
+ * sender is asked whether it is still in the call. A live one answers and the
+ * step closes; a silent one is waited for until the call's deadline. */
+static int quiet_past_share(const struct call *c, const struct udt_comm *comm, uint64_t now)
+{
+    if (!c->all_heard_ns || c->recv_step >= c->schedule.steps || now < c->step_deadline_ns)
+        return 0;
+    int32_t p = c->step[c->recv_step].recv_peer;
+    return p != UDT_NO_PEER && comm->peers[p].last_heard_ns < c->step_deadline_ns && !comm->peers[p].finished;
+}
+
+static int probe_quiet_sender(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    return quiet_past_share(c, comm, now) ? request_join(c, comm, (uint32_t)c->step[c->recv_step].recv_peer, now) : 0;
+}
 
 /* Close the lowest open receive steps that are complete, ended, superseded,
  * idle after loss, or overdue. */
@@ -619,9 +770,11 @@ static int close_ready_steps(struct call *c, uint64_t now)
          * otherwise its silence may be our own flow control */
         uint64_t idle_since = empty ? 0 : step_idle_since(c, g);
         int idle = idle_since && peer->granted >= g * c->max_chunks + s->expected && now - idle_since >= us(o->idle_close_us);
-        /* a straggler is not dead: a sender not heard from in this call is
-         * waited for until half the deadline, not just the step's share */
-        int overdue = !empty && (peer->heard || now >= silence_after(c)) && now >= c->step_deadline_ns;
+        /* a step's share of the deadline counts once every rank is in the call,
+         * and closes it only if its sender showed since that it is alive and
+         * nothing arrived for it lately (after our own pause, data may still flow) */
+        int overdue = !empty && c->all_heard_ns && now >= c->step_deadline_ns && peer->last_heard_ns >= c->step_deadline_ns &&
+                      now - s->last_arrival_ns >= us(o->idle_close_us);
         if (!empty && !complete && !ended && !superseded && !idle && !overdue)
             break;
         if (!empty && !complete)
@@ -902,10 +1055,8 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->layout_tag = layout_tag_of(&c->args, comm->options.chunk_bytes);
     c->mismatched_rank = -1;
     c->start_ns = now;
-    c->deadline_ns = now + (uint64_t)(args->deadline_s * 1e9);
-    /* the verdict round may run past the data deadline by a bounded slack */
-    double slack_s = args->deadline_s / 4 < 0.05 ? 0.05 : args->deadline_s / 4 > 1.0 ? 1.0 : args->deadline_s / 4;
-    c->hard_deadline_ns = c->deadline_ns + (uint64_t)(slack_s * 1e9);
+    /* until every rank is known to be in the call, only the join timeout runs */
+    set_deadlines(c, now, comm->options.join_timeout_ms * 1e-3);
     c->drops_before = comm->transport->counter_injected_drops;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
@@ -913,7 +1064,13 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->credit_ceiling = 0;
         peer->chunks_queued = 0;
         peer->credit_base = 0;
-        peer->heard = peer->early_credit_valid && peer->early_credit_sequence == c->sequence;
+        peer->heard = (peer->early_credit_valid && peer->early_credit_sequence == c->sequence) ||
+                      (peer->early_join_valid && peer->early_join_sequence == c->sequence);
+        peer->early_join_valid = 0;
+        peer->last_heard_ns = peer->heard ? now : 0;
+        peer->join_requests = 0;
+        peer->join_request_ns = now + join_request_interval(comm, 0); /* data and credits may show it first */
+        c->heard_count += peer->heard && p != c->rank;
         peer->granted = 0;
         peer->granted_at_ns = 0;
         peer->highest_step_seen = 0;
@@ -945,6 +1102,11 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         return UDT_OK;
     }
     udt_verdict_begin_peers(c, comm, now);
+    if (c->heard_count == c->n - 1 && !c->all_heard_ns) { /* everyone spoke before we started */
+        c->all_heard_ns = now;
+        set_deadlines(c, now, c->args.deadline_s);
+    }
+    c->join_request_due_ns = now + join_request_interval(comm, 0);
     if (c->args.count == 0) /* no data to move; the verdict round still checks everyone called alike */
         c->recv_step = c->send_step = c->schedule.steps;
     set_step_deadline(c, now);
@@ -958,15 +1120,17 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
 }
 
 /* Earliest time something is due in the data phase. */
-static uint64_t data_wake(const struct call *c, const struct udt_comm *comm)
+static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uint64_t now)
 {
     uint64_t wake = c->deadline_ns;
+    if (!c->all_heard_ns && c->join_request_due_ns < wake)
+        wake = c->join_request_due_ns;
     if (c->recv_step >= c->schedule.steps)
         return wake;
     const struct step_state *s = &c->state[c->recv_step];
     int32_t p = c->step[c->recv_step].recv_peer;
-    if (p != UDT_NO_PEER) {
-        uint64_t due = comm->peers[p].heard || c->step_deadline_ns >= silence_after(c) ? c->step_deadline_ns : silence_after(c);
+    if (p != UDT_NO_PEER && c->all_heard_ns) {
+        uint64_t due = quiet_past_share(c, comm, now) ? comm->peers[p].join_request_ns : c->step_deadline_ns;
         if (due < wake)
             wake = due;
     }
@@ -1023,7 +1187,12 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
             progressed = 1;
         }
     }
-    uint64_t wake = c->phase == PHASE_DATA ? data_wake(c, comm) : c->hard_deadline_ns;
+    if (c->phase == PHASE_DATA) {
+        if ((rc = request_joins(c, comm, now)) < 0 || (rc = probe_quiet_sender(c, comm, now)) < 0)
+            return rc;
+        progressed |= rc;
+    }
+    uint64_t wake = c->phase == PHASE_DATA ? data_wake(c, comm, now) : c->hard_deadline_ns;
     if (c->phase == PHASE_VERDICT) {
         rc = udt_verdict_progress(c, comm, now, &wake);
         if (rc < 0)
@@ -1152,6 +1321,8 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
         comm->options.end_repeats = 1;
     if (comm->options.agree_resend_us == 0)
         comm->options.agree_resend_us = 1000;
+    if (comm->options.join_timeout_ms == 0)
+        comm->options.join_timeout_ms = 300000;
     return comm;
 }
 

@@ -21,7 +21,7 @@
 enum udt_status {
     UDT_OK = 0,
     UDT_ERR_LOSS_BUDGET = 1,    /* more missing than the budget allows; output untouched */
-    UDT_ERR_PEER_TIMEOUT = 2,   /* a rank was not heard from by the deadline; output untouched */
+    UDT_ERR_PEER_TIMEOUT = 2,   /* a rank did not join the call in time, or went silent in it; output untouched */
     UDT_ERR_INVALID_ARGUMENT = 3,
     UDT_ERR_TRANSPORT = 4,
     UDT_ERR_NO_MEMORY = 5,
@@ -44,6 +44,7 @@ struct udt_engine_options {
     uint32_t busy_poll_us;      /* spin this long for the next datagram before sleeping */
     uint32_t idle_close_us;     /* a step that lost chunks closes after this long without arrivals (0 = never) */
     uint32_t agree_resend_us;   /* first resend interval of verdict messages (doubles, up to 16x) */
+    uint32_t join_timeout_ms;  /* how long a call waits for every rank to join it before blaming the absent */
 };
 
 struct udt_collective_args {
@@ -79,9 +80,11 @@ struct udt_collective_stats {
     uint64_t dropped_early;      /* would have overwritten data not yet sent */
     uint64_t injected_drops;     /* by the loss-injection model, this call */
     uint64_t agree_messages_sent;
+    uint64_t join_messages_sent;  /* JOIN requests and replies (who is in the call, is a quiet sender alive) */
     double elapsed_s;
     double deadline_s;
     double agree_s;              /* time spent in the verdict round */
+    double join_wait_s;         /* from the call's start until every rank was known to be in it */
     uint32_t sequence;
     uint32_t steps;
     uint32_t critical_path;      /* hops on the schedule's longest dependency chain */

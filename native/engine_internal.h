@@ -45,7 +45,10 @@ struct peer_state {
     uint32_t wanted_epoch;
     uint64_t granted_at_ns;
     uint32_t highest_step_seen; /* +1, of data or END it sent us */
-    uint8_t heard;              /* anything valid from it during this call */
+    uint8_t heard;              /* anything valid from it during this call: it is in the call */
+    uint64_t last_heard_ns;
+    uint64_t join_request_ns;  /* when to ask it again whether it is in the call */
+    uint32_t join_requests;    /* asked so far (the interval doubles) */
     uint8_t finished;           /* its verdict came: it sends us nothing more */
     uint64_t finished_at_ns;
     uint32_t verdict_attempts;
@@ -54,6 +57,8 @@ struct peer_state {
     /* kept between calls */
     uint32_t early_credit_sequence, early_credit, early_credit_layout;
     uint8_t early_credit_valid; /* sequence numbers wrap: 0 is a call like any other, not "none" */
+    uint32_t early_join_sequence; /* it said it is in this (our next) call */
+    uint8_t early_join_valid;
     struct verdict_slot slot[2];
 };
 
@@ -99,6 +104,9 @@ struct call {
     uint64_t credits_walked_ns;
     int32_t mismatched_rank;
     uint64_t start_ns, deadline_ns, hard_deadline_ns;
+    uint32_t heard_count;        /* peers known to be in this call */
+    uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
+    uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
     uint64_t drops_before;
     /* verdict round */
     uint8_t my_verdict[UDT_VERDICT_BYTES];
@@ -140,6 +148,7 @@ struct udt_comm {
 };
 
 /* engine.c */
+void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now);
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
 void udt_close_all_steps(struct call *c);
 int udt_write_output(struct call *c);

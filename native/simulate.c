@@ -61,7 +61,8 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
     }
     struct udt_engine_options options = {.chunk_bytes = sim->chunk_bytes, .window_bytes = 16u << 20, .end_repeats = 3,
                                          .credit_refresh_us = 2000, .reorder_grace_us = 200, .busy_poll_us = 0,
-                                         .idle_close_us = 20000, .agree_resend_us = 1000};
+                                         .idle_close_us = 20000, .agree_resend_us = 1000,
+                                         .join_timeout_ms = 300000};
     for (uint32_t r = 0; r < n; r++) {
         struct udt_transport *t = udt_memory_open(net, r);
         if (t && sim->loss.kind != UDT_LOSS_NONE) {

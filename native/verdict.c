@@ -65,10 +65,10 @@ static struct verdict_slot *slot_for(struct udt_comm *comm, uint32_t peer, uint3
     return slot;
 }
 
-static void mark_finished(struct udt_comm *comm, uint32_t peer, uint64_t now)
+static void mark_finished(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
 {
     struct peer_state *p = &comm->peers[peer];
-    p->heard = 1;
+    udt_hear(c, comm, peer, now);
     if (!p->finished) {
         p->finished = 1; /* its data phase is over: it sends us nothing more */
         p->finished_at_ns = now;
@@ -96,7 +96,7 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         if (slot->flags & VERDICT_GOT) {
             c->verdicts_got++;
-            mark_finished(comm, p, now);
+            mark_finished(c, comm, p, now);
         }
         if (slot->flags & VERDICT_ACKED)
             c->verdicts_acked++;
@@ -127,6 +127,12 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         c->stats->dropped_invalid++;
         return;
     }
+    struct udt_verdict claimed;
+    udt_verdict_decode(payload, &claimed);
+    if ((claimed.cause >> 16) > CAUSE_TRANSPORT || (claimed.cause != CAUSE_NONE && (claimed.cause & 0xFFFFu) >= c->n)) {
+        c->stats->dropped_invalid++; /* a cause no rank can have: it would blame a rank that does not exist */
+        return;
+    }
     int have_ours = h->flags & UDT_AGREE_HAVE_YOURS, is_reply = h->flags & UDT_AGREE_REPLY;
     if (h->sequence == c->sequence || h->sequence == c->sequence + 1) {
         struct verdict_slot *slot = slot_for(comm, peer, h->sequence);
@@ -138,7 +144,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->flags |= VERDICT_GOT;
             if (current) {
                 c->verdicts_got++;
-                mark_finished(comm, peer, now);
+                mark_finished(c, comm, peer, now);
             }
         }
         if (have_ours && !(slot->flags & VERDICT_ACKED)) {
@@ -242,7 +248,12 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     uint32_t severity = combined.cause >> 16, blamed = combined.cause & 0xFFFFu;
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
-        snprintf(comm->error, sizeof comm->error, "rank %u was not heard from within the %.3f s deadline", blamed, c->args.deadline_s);
+        if (blamed < c->n && comm->peers[blamed].heard)
+            snprintf(comm->error, sizeof comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
+                     blamed, c->args.deadline_s);
+        else
+            snprintf(comm->error, sizeof comm->error, "rank %u did not join the call within the %.1f s join timeout", blamed,
+                     comm->options.join_timeout_ms * 1e-3);
         c->status = UDT_ERR_PEER_TIMEOUT;
     } else if (severity == CAUSE_LAYOUT) {
         c->mismatched_rank = (int32_t)blamed;

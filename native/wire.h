@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define UDT_WIRE_MAGIC 0x31544455u /* "UDT1" read as little-endian */
-#define UDT_WIRE_VERSION 2u
+#define UDT_WIRE_VERSION 3u
 #define UDT_WIRE_HEADER_BYTES 44u
 #define UDT_NO_RANK 0xFFFFu
 
@@ -17,11 +17,14 @@ enum udt_kind {
     UDT_KIND_END = 2,    /* sender finished a step: missing chunks of it are lost */
     UDT_KIND_CREDIT = 3, /* receiver -> a sender: you may send positions < credit */
     UDT_KIND_AGREE = 4,  /* the verdict round: this rank's outcome (payload: struct udt_verdict) */
+    UDT_KIND_JOIN = 5,  /* "I am in call `sequence`": asked of a peer not heard from, answered at once */
 };
 
 /* flags of an AGREE datagram (every other kind has flags 0) */
 #define UDT_AGREE_HAVE_YOURS 1u /* the sender holds the receiver's verdict for this call */
 #define UDT_AGREE_REPLY 2u      /* an answer: do not answer it */
+/* flags of a JOIN datagram: 0 asks "are you in this call?", REPLY answers it */
+#define UDT_JOIN_REPLY 2u
 #define UDT_VERDICT_BYTES 32u
 
 enum udt_phase {
@@ -34,7 +37,7 @@ struct udt_wire_header {
     uint8_t version;
     uint8_t kind;
     uint8_t phase;
-    uint8_t flags;          /* AGREE only; 0 otherwise */
+    uint8_t flags;          /* AGREE and JOIN only; 0 otherwise */
     uint64_t session_id;    /* random, agreed at rendezvous */
     uint32_t sequence;      /* collective call number on this communicator */
     uint16_t step;          /* step of the schedule (the receiver's step has the same index) */

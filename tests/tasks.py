@@ -73,12 +73,6 @@ def allreduce_catching(comm, count, loss_budget, deadline):
     return bool(np.array_equal(tensor, original)), error, time.monotonic() - start
 
 
-def stall(comm, seconds):
-    """Be a rank that stops answering: sleep instead of joining the collective."""
-    time.sleep(seconds)
-    return None
-
-
 def address_of(comm):
     return comm.address, comm.chunk_bytes
 
@@ -410,10 +404,12 @@ def autograd_sees_in_place_collective(comm, collective):
 def alone_allreduce_sent(comm, count, deadline, algorithm):
     """Allreduce on this rank only (its peers are not in the call): the call
     fails with PeerTimeout; returns how many datagrams it sent besides the
-    verdict round's, and how often a credit limit stopped it."""
+    verdict round's and the JOIN requests asking whether the peer is alive,
+    and how often a credit limit stopped it."""
     tensor = np.ones(count, dtype=np.float32)
     try:
         comm.allreduce(tensor, loss_budget=0.0, deadline=deadline, algorithm=algorithm)
     except ud_transport.PeerTimeout as error:
-        return error.stats.datagrams_sent - error.stats.agree_messages_sent, error.stats.credit_stalls
+        stats = error.stats
+        return stats.datagrams_sent - stats.agree_messages_sent - stats.join_messages_sent, stats.credit_stalls
     raise AssertionError("the call succeeded without its peer")

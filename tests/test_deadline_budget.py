@@ -1,6 +1,7 @@
-"""Bounded time and bounded loss: a silent rank gives PeerTimeout naming it
-within deadline + 1 s; loss beyond the budget gives LossBudgetExceeded; and in
-both cases the caller's tensor keeps its values."""
+"""Bounded time and bounded loss: loss beyond the budget gives
+LossBudgetExceeded and the caller's tensor keeps its values; bursts do not
+hold a call past its deadline; a late rank is waited for (ranks that die,
+pause or never come: test_faults.py)."""
 import itertools
 
 import numpy as np
@@ -9,26 +10,8 @@ import pytest
 import tasks
 import ud_transport
 from conftest import get_cluster
-from ud_transport.local_cluster import LocalCluster
 
 DEADLINE = 2.0
-
-
-@pytest.mark.parametrize("how", ["stalls", "killed"])
-def test_silent_rank_raises_peer_timeout_naming_it(how):
-    world, silent = 3, 2
-    with LocalCluster(world, chunk_bytes=256) as cluster:
-        cluster.run(tasks.allreduce_values, 100, "float32", "sum")  # all healthy first
-        if how == "killed":
-            cluster.kill(silent)
-        else:
-            cluster.connections[silent].send((tasks.stall, (DEADLINE + 2,)))
-        outcomes = cluster.run(tasks.allreduce_catching, 1000, 0.1, DEADLINE, ranks=[0, 1])
-    for rank, (unchanged, error, elapsed) in zip([0, 1], outcomes):
-        assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
-        assert error.rank == silent and f"rank {silent}" in str(error)
-        assert elapsed <= DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
-        assert unchanged, f"rank {rank}: tensor changed on error"
 
 
 def test_loss_beyond_budget_raises_and_keeps_the_input():

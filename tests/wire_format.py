@@ -4,8 +4,9 @@ stranger or a peer on the wire."""
 import struct
 
 MAGIC = 0x31544455
-VERSION = 2
-KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE = 1, 2, 3, 4
+VERSION = 3
+KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE, KIND_JOIN = 1, 2, 3, 4, 5
+JOIN_REPLY = 2
 PHASE_REDUCE, PHASE_GATHER = 0, 1
 COLLECTIVES = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "agree": 4}
 ALGORITHMS = {"ring": 0, "direct": 1}

@@ -192,7 +192,7 @@ class Communicator:
             if target is not None and collective != _native.COLLECTIVE_AGREE:
                 target.written()
             if not stats.deadline_expired and nbytes:
-                self._deadlines.record(nbytes, stats.elapsed_s)
+                self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s)  # a late rank is not the network
             return stats
         if status == _native.STATUS_LOSS_BUDGET:
             raise LossBudgetExceeded(f"rank {self.rank}: {message}", stats)

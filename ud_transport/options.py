@@ -15,6 +15,7 @@ ENVIRONMENT = {
     "bind_address": "UD_BIND_ADDRESS",
     "deadline_cap_s": "UD_DEADLINE_CAP",
     "default_loss_budget": "UD_LOSS_BUDGET",
+    "join_timeout_s": "UD_JOIN_TIMEOUT",
     "algorithm": "UD_ALGORITHM",
 }
 
@@ -38,6 +39,7 @@ class Options:
     estimator: str = "unbiased"  # or "zero_fill", a biased baseline for experiments
     algorithm: str = "auto"  # "ring", "direct", or "auto" (see README: chosen by world size)
     agree_resend_us: int = 1000  # first resend interval of verdict-round messages (doubles up to 16x)
+    join_timeout_s: float = 300.0  # how long a call waits for every rank to join it (the deadline counts from then)
     bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
     store_timeout_s: float = 300.0
     inject: object = field(default=None)  # a loss model from ud_transport.loss_models
@@ -56,6 +58,8 @@ class Options:
             raise ValueError("default_loss_budget must be in [0, 1]")
         if self.deadline_cap_s <= 0 or self.deadline_floor_s <= 0:
             raise ValueError("deadlines must be positive")
+        if not 0.001 <= self.join_timeout_s <= 4e6:
+            raise ValueError(f"join_timeout_s must be between 0.001 and 4e6 seconds, got {self.join_timeout_s!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
@@ -67,7 +71,7 @@ class Options:
         return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or self.window_bytes, "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
-                "agree_resend_us": self.agree_resend_us}
+                "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000)}
 
 
 def build(**overrides):

@@ -22,6 +22,7 @@ class CollectiveStats:
     elapsed_s: float
     deadline_s: float
     agree_s: float  # time spent in the verdict round
+    join_wait_s: float  # until every rank was known to be in the call (a late rank); the deadline counts from then
     sequence: int
     steps: int
     critical_path: int  # hops on the schedule's longest dependency chain
@@ -34,6 +35,7 @@ class CollectiveStats:
     dropped_early: int
     injected_drops: int
     agree_messages_sent: int
+    join_messages_sent: int  # JOIN requests and replies: who is in the call, whether a quiet sender is alive
     steps_ended: int  # receive steps with missing chunks closed by the END marker (or all the sender announced),
     steps_superseded: int  # by data of a later step,
     steps_idle_closed: int  # by quiet after a gap,

@@ -1,6 +1,6 @@
 """Seed corpus for fuzz_engine.c: for every collective and algorithm, what
 rank 0's peers really send it (data for every receive step, END markers,
-credits, a verdict), as records the harness fixes up (flag bit 0) with the
+credits, a verdict, JOIN requests and replies), as records the harness fixes up (flag bit 0) with the
 call's session, sequence and layout. Usage: make_seeds.py DIRECTORY"""
 import pathlib
 import struct
@@ -26,6 +26,9 @@ def seed(selector):
     collective, algorithm, root = selector % 4, (selector >> 2) & 1, (selector >> 3) % WORLD
     _, steps = _native.schedule(collective, algorithm, 0, WORLD, root, 0)
     out = bytes([selector])
+    for peer in range(1, WORLD):  # "are you in this call?" and its answer
+        out += record(peer, header(kind=wire_format.KIND_JOIN, contributions=0))
+        out += record(peer, header(kind=wire_format.KIND_JOIN, contributions=0, flags=wire_format.JOIN_REPLY))
     for index, step in enumerate(steps):
         phase = wire_format.PHASE_GATHER if (collective == 2 or index >= WORLD - 1) else wire_format.PHASE_REDUCE
         if step["recv_peer"] >= 0:

@@ -93,6 +93,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
         if seconds and "store_timeout_s" not in overrides:
             overrides["store_timeout_s"] = min(seconds, options_module.Options.store_timeout_s)
+        if seconds and "join_timeout_s" not in overrides:
+            overrides["join_timeout_s"] = seconds  # the group's timeout: how long a collective waits for a late rank
         resolved = options_module.build(**overrides)
         # the store c10d hands us is already prefixed for this group
         self.communicator = Communicator(rank, world_size, store, self.config.transport, resolved, name="c10d")

@@ -1,0 +1,104 @@
+"""Rank functions for the fault tests: a rank that dies, pauses or comes late
+in the middle of real calls. Each returns what the test asserts on."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+import ud_transport
+
+
+def expected_sum(world_size):
+    return world_size * (world_size + 1) / 2
+
+
+def filled(comm, count):
+    return np.full(count, comm.rank + 1, dtype=np.float32)
+
+
+def sleep_through(comm, seconds):
+    """Be a rank that does not come to the call."""
+    time.sleep(seconds)
+
+
+def die_during_allreduce(comm, count, join_after_s, die_after_s):
+    """Come to an allreduce `join_after_s` late (the others are already in it),
+    then SIGKILL this process `die_after_s` after entering it."""
+    time.sleep(join_after_s)
+    tensor = filled(comm, count)
+    _after_entering(die_after_s, lambda: os.kill(os.getpid(), signal.SIGKILL)).set()
+    comm.allreduce(tensor, loss_budget=0.0, deadline=60.0)
+    time.sleep(60)  # reached only if the call ended first; the test then sees no PeerTimeout
+
+
+def allreduce_outcome(comm, count, deadline):
+    """(error or None, input unchanged?, seconds the call took)."""
+    tensor = filled(comm, count)
+    start = time.monotonic()
+    try:
+        comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+        error = None
+    except ud_transport.TransportError as caught:
+        error = caught
+    return error, bool(np.all(tensor == comm.rank + 1)), time.monotonic() - start
+
+
+def regroup_and_allreduce(comm, survivors, count):
+    """The survivors close their communicator and form a new one without the
+    dead rank, on the same store; returns whether its allreduce is exact."""
+    comm.close()
+    rank = survivors.index(comm.rank)
+    with ud_transport.Communicator(rank, len(survivors), comm.store, "udp", comm.options, name="survivors") as regrouped:
+        tensor = np.full(count, rank + 1, dtype=np.float32)
+        stats = regrouped.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+        return bool(np.all(tensor == expected_sum(len(survivors)))), stats.delivered_fraction
+
+
+def _after_entering(seconds, action):
+    """Start a thread that runs `action` `seconds` after the returned event is set
+    (set it right before entering the engine: the call releases the GIL)."""
+    entered = threading.Event()
+
+    def run():
+        entered.wait()
+        time.sleep(seconds)
+        action()
+
+    threading.Thread(target=run, daemon=True).start()
+    return entered
+
+
+def _pause_self(pause_s):
+    # The process cannot wake itself: a child sends SIGCONT after pause_s.
+    subprocess.Popen(["sh", "-c", f"sleep {pause_s}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def allreduce_with_a_pause(comm, paused_rank, count, join_after_s, pause_after_s, pause_s, deadline):
+    """Every rank allreduces; `paused_rank` comes `join_after_s` last and is
+    SIGSTOPped `pause_after_s` after entering the call, for `pause_s`.
+    Returns (exact?, delivered fraction, elapsed, chunks lost)."""
+    tensor = filled(comm, count)
+    if comm.rank == paused_rank:
+        time.sleep(join_after_s)
+        _after_entering(pause_after_s, lambda: _pause_self(pause_s)).set()
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+    return bool(np.all(tensor == expected_sum(comm.world_size))), stats.delivered_fraction, stats.elapsed_s, stats.chunks_lost
+
+
+def quick_calls_then_a_straggler(comm, late_rank, delay_s, count, quick_calls):
+    """A few quick calls (the adaptive deadline learns they are fast), then
+    `late_rank` comes `delay_s` late to the next one, then one more call.
+    Uses the default deadline. Returns per call (exact?, delivered, join_wait_s, deadline_s)."""
+    outcomes = []
+    for call in range(quick_calls + 2):
+        if call == quick_calls and comm.rank == late_rank:
+            time.sleep(delay_s)
+        tensor = filled(comm, count)
+        stats = comm.allreduce(tensor, loss_budget=0.0)
+        outcomes.append((bool(np.all(tensor == expected_sum(comm.world_size))), stats.delivered_fraction,
+                         stats.join_wait_s, stats.deadline_s))
+    return outcomes

@@ -1,0 +1,86 @@
+"""Ranks that die, pause, come late or never come, on real rank processes
+over loopback. The data deadline of a call counts from the moment every rank
+is known to be in it; a separate join timeout catches a rank that never
+joins; a rank that joined and then went silent is blamed within the deadline
+plus the verdict slack (at most 1 s)."""
+import fault_tasks
+import pytest
+
+import ud_transport
+from ud_transport.local_cluster import LocalCluster
+
+JOIN_TIMEOUT = 3.0
+DEADLINE = 2.0
+BIG = 4 << 20  # float32 elements (16 MiB): a call that lasts past the moment a rank is killed or paused
+
+
+@pytest.mark.parametrize("how", ["sleeps", "killed"])
+def test_a_rank_that_never_joins_is_blamed_at_the_join_timeout(how):
+    """Rank 2 sleeps through the call, or was killed before it: ranks 0 and 1
+    raise PeerTimeout naming rank 2 as not having joined, after the start
+    timeout (not the shorter data deadline) and within it plus 1 s."""
+    world, absent = 3, 2
+    with LocalCluster(world, chunk_bytes=256, join_timeout_s=JOIN_TIMEOUT) as cluster:
+        cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)  # all healthy first
+        if how == "killed":
+            cluster.kill(absent)
+        else:
+            cluster.connections[absent].send((fault_tasks.sleep_through, (JOIN_TIMEOUT + 3,)))
+        outcomes = cluster.run(fault_tasks.allreduce_outcome, 1000, DEADLINE, ranks=[0, 1])
+    for rank, (error, unchanged, elapsed) in zip([0, 1], outcomes):
+        assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
+        assert error.rank == absent and f"rank {absent} did not join" in str(error), str(error)
+        assert JOIN_TIMEOUT <= elapsed <= JOIN_TIMEOUT + 1.0, f"rank {rank} took {elapsed:.2f} s"
+        assert unchanged, f"rank {rank}: tensor changed on error"
+
+
+def test_a_rank_killed_mid_call_is_blamed_within_the_deadline_and_the_survivors_regroup():
+    """Rank 3 comes last to a 16 MiB allreduce and is SIGKILLed 10 ms after
+    entering it. Every other rank raises PeerTimeout naming rank 3 as gone
+    silent in the call (it had joined) within deadline + 1 s, keeps its
+    input, and the survivors form a new communicator whose allreduce is exact."""
+    world, victim = 4, 3
+    survivors = [0, 1, 2]
+    with LocalCluster(world, join_timeout_s=30.0) as cluster:
+        cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)
+        cluster.connections[victim].send((fault_tasks.die_during_allreduce, (BIG, 0.3, 0.01)))
+        outcomes = cluster.run(fault_tasks.allreduce_outcome, BIG, DEADLINE, ranks=survivors)
+        for rank, (error, unchanged, elapsed) in zip(survivors, outcomes):
+            assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
+            assert error.rank == victim and "went silent" in str(error), str(error)
+            assert elapsed <= 0.3 + DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
+            assert unchanged, f"rank {rank}: tensor changed on error"
+        cluster.processes[victim].join(10)
+        assert not cluster.processes[victim].is_alive()
+        for exact, delivered in cluster.run(fault_tasks.regroup_and_allreduce, survivors, 10000, ranks=survivors):
+            assert exact and delivered == 1.0
+
+
+def test_a_rank_paused_mid_call_for_less_than_the_deadline_costs_time_not_data():
+    """Rank 1 of 3 comes last to a 16 MiB allreduce, is SIGSTOPped 10 ms
+    after entering it and continued 1.5 s later (deadline 6 s): the call
+    succeeds on every rank with every contribution and the exact sum. The
+    elapsed time shows the pause fell inside the call."""
+    world, paused, pause_s = 3, 1, 1.5
+    with LocalCluster(world) as cluster:
+        outcomes = cluster.run(fault_tasks.allreduce_with_a_pause, paused, BIG, 0.3, 0.01, pause_s, 6.0)
+    for rank, (exact, delivered, elapsed, lost) in enumerate(outcomes):
+        assert elapsed >= pause_s * 0.9, f"rank {rank}: the call ended ({elapsed:.2f} s) before the pause did"
+        assert exact and delivered == 1.0 and lost == 0, f"rank {rank}: exact={exact} delivered={delivered} lost={lost}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_straggler_waits_in_with_the_default_deadline(world):
+    """The issue's case: after quick calls (the adaptive deadline drops to its
+    1 s floor), one rank comes 2 s late. That call and the next succeed exactly
+    on every rank; the early ranks report about 2 s waiting for it to join."""
+    late, delay = world - 1, 2.0
+    with LocalCluster(world) as cluster:
+        per_rank = cluster.run(fault_tasks.quick_calls_then_a_straggler, late, delay, 100000, 6)
+    for rank, outcomes in enumerate(per_rank):
+        for call, (exact, delivered, join_wait, deadline) in enumerate(outcomes):
+            assert exact and delivered == 1.0, f"rank {rank}, call {call}: exact={exact} delivered={delivered}"
+        _, _, join_wait, deadline = outcomes[6]
+        assert deadline < delay, f"the adaptive deadline ({deadline:.2f} s) should be below the delay for this test to mean anything"
+        if rank != late:
+            assert join_wait >= delay * 0.9, f"rank {rank} waited {join_wait:.2f} s for the straggler"
