@@ -5,6 +5,7 @@ source tree; the type stubs name exactly what the compiled modules export.
 (Without libibverbs: tests/test_without_libibverbs.py.)"""
 import ast
 import importlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -38,13 +39,15 @@ def test_sdist_and_wheel_build_and_the_installed_wheel_runs_the_demo(tmp_path):
     # system site packages for torch and numpy only; ud_transport itself comes from the wheel
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
+    # a checkout on PYTHONPATH would shadow the wheel (and its egg-info make pip think it is installed)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, env=env, timeout=300)
     modules = "ud_transport, ud_transport._native" + (", ud_transport._verbs" if verbs_extension.load() else "")
     where = subprocess.run([str(python), "-c", f"import {modules}; print(*(m.__file__ for m in [{modules}]))"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=120, check=True).stdout.split()
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in where), where
     demo = subprocess.run([str(python), "-m", "ud_transport", "demo"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
+                          env=env, timeout=300)
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert "reduce" in demo.stdout
 
