@@ -1,11 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Entry points of the native engine. Python decides sizes, budgets and
-deadlines; everything per packet happens in C with the GIL released."""
+deadlines; everything per packet happens in C with the GIL released.
+Links no RDMA library: the verbs transport lives in the optional ud_transport._verbs
+and reaches the engine through Transport.adopt."""
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_SetName
 
 from native cimport *
+from transport_io cimport *
 
 HEADER_BYTES = UDT_WIRE_HEADER_BYTES
 WIRE_MAGIC = UDT_WIRE_MAGIC
@@ -49,6 +53,20 @@ cdef class Transport:
         if t.ptr is NULL:
             raise OSError(error.decode(errors="replace"))
         t.udp_ptr = t.ptr
+        return t
+
+    @staticmethod
+    def adopt(object capsule):
+        """Own a transport another extension opened (ud_transport._verbs: VerbsTransport.detach()).
+        A PyCapsule carrying the struct udt_transport * is the hand-over rather than a Cython
+        subclass across modules: the engine already drives every transport through the vtable
+        in transport.h, so _native needs no verbs symbol, header or library, and the capsule's
+        name check refuses anything else. Renaming the capsule marks it taken, so its destructor
+        (in _verbs) destroys only a transport nobody adopted."""
+        cdef Transport t = Transport.__new__(Transport)
+        cdef udt_transport *ptr = <udt_transport *>PyCapsule_GetPointer(capsule, UDT_TRANSPORT_CAPSULE)
+        PyCapsule_SetName(capsule, UDT_TRANSPORT_CAPSULE_ADOPTED)
+        t.ptr = ptr
         return t
 
     def inject_loss(self, int kind, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0,
@@ -228,13 +246,6 @@ cdef class Engine:
         return status, stats, message
 
 
-def verbs_active_device_count():
-    """Number of RDMA devices with an active port (0 without kernel RDMA)."""
-    with nogil:
-        count = udt_verbs_active_device_count()
-    return count
-
-
 # Pure helpers, exported so tests and the simulator check the C arithmetic itself.
 def block_start(uint64_t count, uint32_t world_size, uint32_t block):
     return udt_block_start(count, world_size, block)
@@ -265,16 +276,6 @@ def half_bits_to_float(uint16_t bits):
 def float_to_bfloat16_bits(float value):
     return udt_float_to_bfloat16(value)
 
-
-# ---- RDMA verbs: bindings in pyverbs style (one file per object) and the UD transport ----
-include "verbs_base.pxi"
-include "verbs_device.pxi"
-include "verbs_pd.pxi"
-include "verbs_mr.pxi"
-include "verbs_cq.pxi"
-include "verbs_ah.pxi"
-include "verbs_qp.pxi"
-include "verbs_transport.pxi"
 
 # ---- the simulator: many engines in one process on a virtual clock ----
 include "simulator.pxi"

@@ -1,14 +1,11 @@
-# Declarations of the C engine (native/), C names unchanged.
+# Declarations of the C engine (native/), C names unchanged: what ud_transport._native links.
+# The transport interface both extensions share is in transport_io.pxd, the verbs transport
+# (ud_transport._verbs only) in verbs_native.pxd.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
 
-cdef extern from "transport.h" nogil:
-    struct udt_transport:
-        uint32_t max_datagram_bytes
-        uint32_t address_bytes
-        uint8_t address[64]
-        uint64_t counter_injected_drops
-        char error[256]
+from transport_io cimport udt_transport
 
+cdef extern from "transport.h" nogil:
     enum:
         UDT_LOSS_NONE
         UDT_LOSS_BERNOULLI
@@ -49,7 +46,6 @@ cdef extern from "transport.h" nogil:
     int udt_udp_describe(const udt_transport *t, char *text, int text_bytes)
     int udt_udp_counters(const udt_transport *t, udt_udp_counters_struct *out)
     udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
-    void udt_transport_destroy(udt_transport *t)
 
 cdef extern from "schedule.h" nogil:
     enum:
@@ -176,12 +172,6 @@ cdef extern from "engine.h" nogil:
     const char *udt_comm_error(const udt_comm *comm)
     int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
 
-cdef extern from "wire.h" nogil:
-    enum:
-        UDT_WIRE_HEADER_BYTES
-        UDT_WIRE_MAGIC
-        UDT_WIRE_VERSION
-
 cdef extern from "blocks.h" nogil:
     uint64_t udt_block_start(uint64_t count, uint32_t world_size, uint32_t block)
 
@@ -190,69 +180,3 @@ cdef extern from "elementwise.h" nogil:
     float udt_half_to_float(uint16_t bits)
     uint16_t udt_float_to_bfloat16(float value)
     float udt_bfloat16_to_float(uint16_t bits)
-
-cdef extern from "verbs_probe.h" nogil:
-    int udt_verbs_active_device_count()
-
-# ---- verbs UD transport, and what its Python helpers drive directly ----------------------
-cdef extern from "transport.h" nogil:
-    struct udt_send_item:
-        uint32_t peer
-        const void *header
-        uint32_t header_bytes
-        const void *payload
-        uint32_t payload_bytes
-
-    struct udt_recv_item:
-        const uint8_t *data
-        uint32_t bytes
-        int32_t peer
-
-    int udt_transport_set_peers(udt_transport *t, const uint8_t *a, uint32_t b, uint32_t n)
-    int udt_transport_send(udt_transport *t, const udt_send_item *i, int n)
-    int udt_transport_recv(udt_transport *t, udt_recv_item *i, int n)
-    int udt_transport_wait(udt_transport *t, int us)
-
-    enum:
-        UDT_VERBS_ADDRESS_BYTES
-
-    struct udt_verbs_config:
-        const char *device
-        uint8_t port
-        int gid_index
-        uint32_t qkey
-        uint32_t max_datagram_bytes
-        uint32_t send_depth
-        uint32_t recv_depth
-        uint32_t signal_every
-        uint32_t spin_us
-
-    udt_transport *udt_verbs_open(const udt_verbs_config *config, char *error, int error_bytes)
-
-cdef extern from "wire.h" nogil:
-    enum:
-        UDT_KIND_DATA
-        UDT_KIND_END
-        UDT_KIND_CREDIT
-        UDT_KIND_AGREE
-        UDT_KIND_JOIN
-
-    struct udt_wire_header:
-        uint32_t magic
-        uint8_t version
-        uint8_t kind
-        uint8_t phase
-        uint8_t flags
-        uint64_t session_id
-        uint32_t sequence
-        uint16_t step
-        uint16_t source_rank
-        uint32_t chunk_index
-        uint16_t contributions
-        uint16_t reserved
-        uint32_t payload_bytes
-        uint32_t layout_tag
-        uint32_t credit
-
-    void udt_wire_encode(const udt_wire_header *h, uint8_t *out)
-    int udt_wire_decode(const uint8_t *data, uint32_t length, udt_wire_header *h)

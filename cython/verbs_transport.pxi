@@ -1,8 +1,9 @@
-# The verbs UD transport (native/transport_verbs.c) as a Transport an engine can own,
+# The verbs UD transport (native/transport_verbs.c), handed to an engine with detach(),
 # plus what tests and the benchmark need to drive it directly: peers, single datagrams,
 # and a point-to-point datagram stream whose loops run in C without the GIL.
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport malloc, free
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 import struct as _struct
 
@@ -32,12 +33,47 @@ cdef inline double _seconds() noexcept nogil:
     return t.tv_sec + t.tv_nsec * 1e-9
 
 
-cdef class VerbsTransport(Transport):
-    """One rank's UD QP. Open it with VerbsTransport.open(); hand it to a RingEngine,
-    or drive it with set_peers / send / receive / stream_* (tests, benchmark)."""
+cdef void _destroy_unadopted(object capsule) noexcept:
+    # _native.Transport.adopt renames the capsule when it takes the transport
+    if PyCapsule_IsValid(capsule, UDT_TRANSPORT_CAPSULE):
+        udt_transport_destroy(<udt_transport *>PyCapsule_GetPointer(capsule, UDT_TRANSPORT_CAPSULE))
+
+
+cdef class VerbsTransport:
+    """One rank's UD QP. Open it with VerbsTransport.open(); hand it to an engine with
+    _native.Transport.adopt(transport.detach()), or drive it with set_peers / send /
+    receive / stream_* (tests, benchmark)."""
+    cdef udt_transport *ptr
     cdef readonly str device
     cdef readonly int port, gid_index
     cdef readonly uint32_t qkey, qpn
+
+    def __dealloc__(self):
+        if self.ptr is not NULL:
+            udt_transport_destroy(self.ptr)
+            self.ptr = NULL
+
+    def _check_open(self):
+        if self.ptr is NULL:
+            raise ValueError("transport already handed to an engine or closed")
+
+    def detach(self):
+        """Give the C transport up: a PyCapsule for _native.Transport.adopt (which the engine
+        then owns); this object is closed afterwards. Dropped unadopted, the capsule destroys it."""
+        self._check_open()
+        capsule = PyCapsule_New(self.ptr, UDT_TRANSPORT_CAPSULE, _destroy_unadopted)
+        self.ptr = NULL
+        return capsule
+
+    @property
+    def address(self):
+        self._check_open()
+        return bytes(self.ptr.address[:self.ptr.address_bytes])
+
+    @property
+    def max_datagram_bytes(self):
+        self._check_open()
+        return self.ptr.max_datagram_bytes
 
     @staticmethod
     def open(str device not None, int port, int gid_index, uint32_t qkey, uint32_t max_datagram_bytes=0,

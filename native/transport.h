@@ -57,6 +57,13 @@ static inline int udt_transport_recv(struct udt_transport *t, struct udt_recv_it
 static inline int udt_transport_wait(struct udt_transport *t, int us) { return t->ops->wait(t, us); }
 static inline void udt_transport_destroy(struct udt_transport *t) { if (t) t->ops->destroy(t); }
 
+/* A transport built in another extension (the optional verbs one, ud_transport._verbs) reaches
+ * the engine in ud_transport._native as a PyCapsule of this name holding its struct udt_transport *.
+ * The engine renames the capsule when it adopts the transport, so the capsule's destructor
+ * destroys only a transport nobody took. Both extensions come from one build of this header. */
+#define UDT_TRANSPORT_CAPSULE "ud_transport.udt_transport"
+#define UDT_TRANSPORT_CAPSULE_ADOPTED "ud_transport.udt_transport.adopted"
+
 /* UDP: one non-blocking socket bound to bind_ipv4:port (port 0 picks one).
  * Where the kernel allows, consecutive send items to one peer with the same
  * size go out as one UDP GSO message (UDP_SEGMENT), and the socket takes GRO
@@ -109,25 +116,6 @@ struct udt_loss_model {
     uint64_t seed;
 };
 struct udt_transport *udt_lossy_wrap(struct udt_transport *inner, const struct udt_loss_model *model);
-
-/* RDMA verbs, Unreliable Datagram: one UD QP on a given device, port and GID
- * index (ud_transport's Python layer chooses them; see transports.py). Its
- * address is GID(16) + QPN(4) + LID(2) + Q_Key(4), integers little-endian.
- * max_datagram_bytes is the port's active MTU (or less if capped): a UD send
- * larger than the path MTU completes successfully and sends nothing. */
-#define UDT_VERBS_ADDRESS_BYTES 26u
-struct udt_verbs_config {
-    const char *device;          /* e.g. "rxe0", "mlx5_0" */
-    uint8_t port;                /* 1-based */
-    int gid_index;               /* source GID (RoCE: the RoCEv2 entry of the interface) */
-    uint32_t qkey;               /* below 0x80000000 (not privileged); the same on every rank */
-    uint32_t max_datagram_bytes; /* 0 = the port's active MTU; less caps it, more is refused */
-    uint32_t send_depth;         /* registered send ring slots (0 = 512) */
-    uint32_t recv_depth;         /* posted receives (0 = 1024); must cover the engine's window */
-    uint32_t signal_every;       /* one signalled send per this many (0 = 32) */
-    uint32_t spin_us;            /* wait() polls this long before sleeping on the completion channel */
-};
-struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char *error, int error_bytes);
 
 /* In-memory network of N endpoints in one process (the simulator's): instant,
  * in-order delivery; endpoint i's peer j is endpoint j. */

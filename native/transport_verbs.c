@@ -15,7 +15,7 @@
  *    the peer table; anything else is peer -1.
  * Nothing here is specific to rxe: the same code runs on RoCE and IB NICs. */
 #define _GNU_SOURCE
-#include "transport.h"
+#include "transport_verbs.h"
 
 #include <errno.h>
 #include <fcntl.h>

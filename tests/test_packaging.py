@@ -1,14 +1,19 @@
 """The package as a user gets it: `python -m build` makes an sdist holding
 everything the extension needs and a wheel built from that sdist; the wheel,
 installed into a clean virtual environment, runs the demo from outside the
-source tree; the type stub names exactly what the compiled module exports."""
+source tree; the type stubs name exactly what the compiled modules export.
+(Without libibverbs: tests/test_without_libibverbs.py.)"""
 import ast
+import importlib
+import os
 import pathlib
 import subprocess
 import sys
 import tarfile
 
-import ud_transport._native as native
+import pytest
+
+from ud_transport import verbs_extension
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -23,25 +28,35 @@ def test_sdist_and_wheel_build_and_the_installed_wheel_runs_the_demo(tmp_path):
     names = tarfile.open(sdist).getnames()
     prefix = names[0].split("/")[0]
     for needed in ["native/engine.h", "native/wire.h", "cython/_native.pyx", "cython/native.pxd", "cython/simulator.pxi",
-                   "ud_transport/py.typed", "ud_transport/_native.pyi", "ud_transport/torch/backend.py", "setup.py"]:
+                   "cython/transport_io.pxd", "cython/_verbs.pyx", "cython/verbs_native.pxd", "cython/verbs_qp.pxi",
+                   "native/transport_verbs.c", "native/transport_verbs.h", "native/verbs_probe.c",
+                   "ud_transport/py.typed", "ud_transport/_native.pyi", "ud_transport/_verbs.pyi",
+                   "ud_transport/torch/backend.py", "setup.py"]:
         assert f"{prefix}/{needed}" in names, f"sdist lacks {needed}"
-    assert f"{prefix}/cython/_native.c" not in names, "generated C must not ship (it is rebuilt from the .pyx)"
+    for generated in ["cython/_native.c", "cython/_verbs.c"]:
+        assert f"{prefix}/{generated}" not in names, "generated C must not ship (it is rebuilt from the .pyx)"
     venv = tmp_path / "venv"
     # system site packages for torch and numpy only; ud_transport itself comes from the wheel
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
-    where = subprocess.run([str(python), "-c", "import ud_transport, ud_transport._native as n; print(ud_transport.__file__); print(n.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=120, check=True).stdout.split()
+    # a checkout on PYTHONPATH would shadow the wheel (and its egg-info make pip think it is installed)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, env=env, timeout=300)
+    modules = "ud_transport, ud_transport._native" + (", ud_transport._verbs" if verbs_extension.load() else "")
+    where = subprocess.run([str(python), "-c", f"import {modules}; print(*(m.__file__ for m in [{modules}]))"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in where), where
     demo = subprocess.run([str(python), "-m", "ud_transport", "demo"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
+                          env=env, timeout=300)
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert "reduce" in demo.stdout
 
 
-def test_type_stub_names_what_the_compiled_module_exports():
-    stub = ast.parse((ROOT / "ud_transport" / "_native.pyi").read_text())
+@pytest.mark.parametrize("module", ["_native", "_verbs"])
+def test_type_stub_names_what_the_compiled_module_exports(module):
+    if module == "_verbs" and verbs_extension.load() is None:
+        pytest.skip(verbs_extension.problem())
+    stub = ast.parse((ROOT / "ud_transport" / f"{module}.pyi").read_text())
     stubbed = set()
     for node in stub.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -50,6 +65,7 @@ def test_type_stub_names_what_the_compiled_module_exports():
             stubbed.add(node.target.id)
         elif isinstance(node, ast.Assign):
             stubbed.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    exported = {name for name in dir(native) if not name.startswith("_")}
+    compiled = importlib.import_module(f"ud_transport.{module}")
+    exported = {name for name in dir(compiled) if not name.startswith("_")}
     assert stubbed - exported == set(), f"stub names what the module lacks: {sorted(stubbed - exported)}"
     assert exported - stubbed == set(), f"module exports what the stub lacks: {sorted(exported - stubbed)}"

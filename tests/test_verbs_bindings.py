@@ -1,4 +1,4 @@
-"""The verbs bindings (cython/verbs_*.pxi) and the choices ud_transport makes for verbs.
+"""The verbs bindings (ud_transport._verbs, from cython/verbs_*.pxi) and the choices ud_transport makes for verbs.
 
 Here, on any machine: error types and messages, the Q_Key, the address format, GID preference,
 settings from options and environment, receive-queue sizing, and what happens without RDMA.
@@ -14,44 +14,48 @@ import sys
 
 import pytest
 
-from ud_transport import _native as native, options, transports
+from ud_transport import options, transports, verbs_extension
 from ud_transport.errors import TransportError
+
+verbs = verbs_extension.load()
+if verbs is None:  # a UDP-only build; tests/test_optional_verbs.py covers that case
+    pytest.skip(verbs_extension.problem(), allow_module_level=True)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "verbs_guest"))
 import rig_session  # noqa: E402
 
-HAS_RDMA = native.verbs_active_device_count() > 0
+HAS_RDMA = verbs.verbs_active_device_count() > 0
 
 
 # ---- errors --------------------------------------------------------------------------------
 
 def test_errors_name_the_verb_the_errno_and_the_object():
-    error = native.verbs_error("ibv_create_ah", errno.EINVAL, "dev=rxe0 port=1 gid_index=1")
+    error = verbs.verbs_error("ibv_create_ah", errno.EINVAL, "dev=rxe0 port=1 gid_index=1")
     assert str(error) == "ibv_create_ah failed: EINVAL (22) [dev=rxe0 port=1 gid_index=1]"
-    assert isinstance(error, native.VerbsError) and isinstance(error, OSError) and error.errno == errno.EINVAL
+    assert isinstance(error, verbs.VerbsError) and isinstance(error, OSError) and error.errno == errno.EINVAL
     assert (error.verb, error.object) == ("ibv_create_ah", "dev=rxe0 port=1 gid_index=1")
-    detailed = native.verbs_error("ibv_open_device", errno.ENODEV, "dev=mlx5_9", "no such device; devices here: rxe0")
+    detailed = verbs.verbs_error("ibv_open_device", errno.ENODEV, "dev=mlx5_9", "no such device; devices here: rxe0")
     assert str(detailed) == "ibv_open_device failed: ENODEV (19) [dev=mlx5_9]: no such device; devices here: rxe0"
 
 
 def test_a_missing_feature_has_its_own_type():
-    error = native.verbs_error("ibv_alloc_dm", errno.EOPNOTSUPP, "dev=rxe0")
-    assert type(error) is native.VerbsNotSupported and isinstance(error, native.VerbsError)
+    error = verbs.verbs_error("ibv_alloc_dm", errno.EOPNOTSUPP, "dev=rxe0")
+    assert type(error) is verbs.VerbsNotSupported and isinstance(error, verbs.VerbsError)
     assert str(error) == "ibv_alloc_dm failed: EOPNOTSUPP (95) [dev=rxe0]"
-    assert type(native.verbs_error("ibv_post_send", errno.ENOMEM, "qpn=0x1a")) is native.VerbsError
+    assert type(verbs.verbs_error("ibv_post_send", errno.ENOMEM, "qpn=0x1a")) is verbs.VerbsError
 
 
 def test_errors_survive_pickling_between_processes():
-    error = native.verbs_error("ibv_post_send", errno.ENOMEM, "dev=rxe0 qpn=0x1a")
+    error = verbs.verbs_error("ibv_post_send", errno.ENOMEM, "dev=rxe0 qpn=0x1a")
     copy = pickle.loads(pickle.dumps(error))
-    assert type(copy) is native.VerbsError and str(copy) == str(error) and copy.errno == errno.ENOMEM
+    assert type(copy) is verbs.VerbsError and str(copy) == str(error) and copy.errno == errno.ENOMEM
 
 
 def test_errors_of_the_c_transport_become_the_same_exceptions():
-    error = native.error_from_native("ibv_query_gid_ex failed: ENODATA (61) [dev=rxe0 port=1 gid_index=9]: no such GID")
-    assert type(error) is native.VerbsError and error.errno == errno.ENODATA and error.object == "dev=rxe0 port=1 gid_index=9"
-    assert type(native.error_from_native("ibv_x failed: EOPNOTSUPP (95) [dev=rxe0]")) is native.VerbsNotSupported
-    plain = native.error_from_native("verbs: Q_Key 0x80000001 has the high bit set")
+    error = verbs.error_from_native("ibv_query_gid_ex failed: ENODATA (61) [dev=rxe0 port=1 gid_index=9]: no such GID")
+    assert type(error) is verbs.VerbsError and error.errno == errno.ENODATA and error.object == "dev=rxe0 port=1 gid_index=9"
+    assert type(verbs.error_from_native("ibv_x failed: EOPNOTSUPP (95) [dev=rxe0]")) is verbs.VerbsNotSupported
+    plain = verbs.error_from_native("verbs: Q_Key 0x80000001 has the high bit set")
     assert type(plain) is OSError and "high bit" in str(plain)
 
 
@@ -59,25 +63,25 @@ def test_errors_of_the_c_transport_become_the_same_exceptions():
 
 def test_qkey_is_below_0x80000000_nonzero_and_the_same_for_a_session():
     sessions = [0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 2**64 - 1, 0x0123456789ABCDEF, 0xFEDCBA9876543210]
-    keys = [native.qkey_for_session(s) for s in sessions]
+    keys = [verbs.qkey_for_session(s) for s in sessions]
     assert all(0 < k < 0x80000000 for k in keys)
-    assert native.qkey_for_session(0x0123456789ABCDEF) == native.qkey_for_session(0x0123456789ABCDEF)
-    assert len({native.qkey_for_session(s) for s in range(1, 1000)}) == 999
+    assert verbs.qkey_for_session(0x0123456789ABCDEF) == verbs.qkey_for_session(0x0123456789ABCDEF)
+    assert len({verbs.qkey_for_session(s) for s in range(1, 1000)}) == 999
 
 
 def test_address_is_gid_qpn_lid_qkey_little_endian():
     gid = bytes(10) + b"\xff\xff" + bytes([198, 18, 0, 1])
-    address = native.pack_verbs_address(gid, 0x11, 0, 0x1234)
-    assert len(address) == native.VERBS_ADDRESS_BYTES == 26
+    address = verbs.pack_verbs_address(gid, 0x11, 0, 0x1234)
+    assert len(address) == verbs.VERBS_ADDRESS_BYTES == 26
     assert address == gid + b"\x11\x00\x00\x00" + b"\x00\x00" + b"\x34\x12\x00\x00"
-    assert native.unpack_verbs_address(address) == {"gid": gid, "qpn": 0x11, "lid": 0, "qkey": 0x1234}
+    assert verbs.unpack_verbs_address(address) == {"gid": gid, "qpn": 0x11, "lid": 0, "qkey": 0x1234}
 
 
 def test_gids_as_text():
     mapped = bytes(10) + b"\xff\xff" + bytes([198, 18, 0, 1])
-    assert native.format_gid(mapped) == "::ffff:198.18.0.1" and native.gid_ipv4(mapped) == "198.18.0.1"
+    assert verbs.format_gid(mapped) == "::ffff:198.18.0.1" and verbs.gid_ipv4(mapped) == "198.18.0.1"
     link_local = bytes.fromhex("fe80000000000000505400fffed50001")
-    assert native.format_gid(link_local) == "fe80::5054:ff:fed5:1" and native.gid_ipv4(link_local) is None
+    assert verbs.format_gid(link_local) == "fe80::5054:ff:fed5:1" and verbs.gid_ipv4(link_local) is None
 
 
 def test_gid_preference_prefers_roce_v2_ipv4_on_the_interface_that_reaches_the_peers():
@@ -90,11 +94,11 @@ def test_gid_preference_prefers_roce_v2_ipv4_on_the_interface_that_reaches_the_p
     link_local = entry(0, bytes.fromhex("fe80000000000000505400fffed50001"), "RoCEv2")
     v1 = entry(2, v4["gid"], "RoCEv1")
     empty = entry(4, bytes(16), "RoCEv2")
-    score = lambda e, prefer=None: native.gid_preference(e, "Ethernet", prefer)  # noqa: E731
+    score = lambda e, prefer=None: verbs.gid_preference(e, "Ethernet", prefer)  # noqa: E731
     assert score(v4) > score(v6) > score(link_local) > score(v1) > score(empty) == 0
     assert score(v4_other, "192.168.1.5") > score(v4, "192.168.1.5")
     ib_port_gid = entry(0, bytes.fromhex("fe80000000000000248a070300a1b2c3"), "IB")
-    assert native.gid_preference(ib_port_gid, "InfiniBand") > native.gid_preference(dict(ib_port_gid, index=1), "InfiniBand")
+    assert verbs.gid_preference(ib_port_gid, "InfiniBand") > verbs.gid_preference(dict(ib_port_gid, index=1), "InfiniBand")
 
 
 # ---- settings ------------------------------------------------------------------------------
@@ -130,10 +134,10 @@ def test_transport_choice_follows_the_machine(monkeypatch):
     if HAS_RDMA:  # e.g. a machine with RoCE NICs, or the rig's guest
         assert transports.choose("auto") == "verbs" and transports.choose("verbs") == "verbs"
         return
-    with pytest.raises(native.VerbsError, match=r"^(ibv_get_device_list failed: ENOSYS \(38\)|ibv_open_device failed: ENODEV \(19\))"):
-        native.Context()  # no RDMA in the kernel, or RDMA but no device
-    with pytest.raises(native.VerbsError, match=r"\[dev=rxe0\]"):
-        native.VerbsTransport.open("rxe0", 1, 1, 0x1234)
+    with pytest.raises(verbs.VerbsError, match=r"^(ibv_get_device_list failed: ENOSYS \(38\)|ibv_open_device failed: ENODEV \(19\))"):
+        verbs.Context()  # no RDMA in the kernel, or RDMA but no device
+    with pytest.raises(verbs.VerbsError, match=r"\[dev=rxe0\]"):
+        verbs.VerbsTransport.open("rxe0", 1, 1, 0x1234)
     with pytest.raises(TransportError, match="transport='verbs' needs an RDMA device with an active port"):
         transports.choose("verbs")
     assert transports.choose("auto") == "udp"

@@ -1,5 +1,5 @@
-"""python -m ud_transport info: RDMA devices, ports, GID tables, the UDP socket's batching and
-buffers, and what ud_transport would use.
+"""python -m ud_transport info: which transports are available here (and why not), RDMA devices,
+ports, GID tables, the UDP socket's batching and buffers, and what ud_transport would use.
 
     python -m ud_transport info               # every device
     python -m ud_transport info --device rxe0 --json
@@ -9,16 +9,17 @@ import json
 import os
 import sys
 
-from . import _native, options, rendezvous, transports
+from . import _native, options, rendezvous, transports, verbs_extension
 
 
 def gather(device=None):
     """Everything `info` prints, as a dict (no exceptions: problems become text)."""
     report = {"devices": [], "problem": None, "choice": None, "transport": None}
-    names = _native.device_names()
-    if not names:
+    verbs = verbs_extension.load()  # None when the RDMA extension is not built or cannot load
+    names = verbs.device_names() if verbs else []
+    if verbs and not names:
         try:
-            _native.Context()
+            verbs.Context()
         except OSError as error:
             report["problem"] = str(error)
         else:  # pragma: no cover - a device appeared between the two calls
@@ -28,7 +29,7 @@ def gather(device=None):
             continue
         entry = {"name": name, "ports": [], "problem": None}
         try:
-            with _native.Context(name) as context:
+            with verbs.Context(name) as context:
                 attributes = context.query_device()
                 entry["max_qp_wr"] = attributes["max_qp_wr"]
                 entry["max_cqe"] = attributes["max_cqe"]
@@ -36,8 +37,8 @@ def gather(device=None):
                 for number in range(1, attributes["phys_port_cnt"] + 1):
                     port = context.query_port(number)
                     port["number"] = number
-                    port["gids"] = [{"index": g["index"], "gid": _native.format_gid(g["gid"]), "type": g["type"],
-                                     "ipv4": _native.gid_ipv4(g["gid"])} for g in table if g["port"] == number]
+                    port["gids"] = [{"index": g["index"], "gid": verbs.format_gid(g["gid"]), "type": g["type"],
+                                     "ipv4": verbs.gid_ipv4(g["gid"])} for g in table if g["port"] == number]
                     entry["ports"].append(port)
         except OSError as error:
             entry["problem"] = str(error)
@@ -45,17 +46,26 @@ def gather(device=None):
     wanted_device, wanted_port, wanted_gid = transports.verbs_settings(_settings_from_environment(device))
     if names:
         try:
-            choice = _native.choose_endpoint(wanted_device, wanted_port, wanted_gid)
-            choice["gid"] = _native.format_gid(choice["gid"])
+            choice = verbs.choose_endpoint(wanted_device, wanted_port, wanted_gid)
+            choice["gid"] = verbs.format_gid(choice["gid"])
             report["choice"] = choice
         except OSError as error:
             report["choice_problem"] = str(error)
     report["udp"] = udp_report()
+    report["transports"] = availability(report["udp"])
     try:
         report["transport"] = transports.choose("auto")
     except Exception as error:  # an invalid UD_TRANSPORT, say
         report["transport"] = f"error: {error}"
     return report
+
+
+def availability(udp):
+    """{udp, verbs}: each {"available": bool, "problem": why not or None}."""
+    udp_problem = udp.get("problem")
+    verbs_problem = None if transports.rdma_available() else transports.why_no_rdma()
+    return {"udp": {"available": udp_problem is None, "problem": udp_problem},
+            "verbs": {"available": verbs_problem is None, "problem": verbs_problem}}
 
 
 def udp_report():
@@ -91,6 +101,8 @@ class _settings_from_environment:
 
 
 def render(report, out):
+    for name, state in report["transports"].items():
+        print(f"{name}: " + ("available" if state["available"] else f"unavailable: {state['problem']}"), file=out)
     if report["problem"]:
         print(f"no RDMA devices: {report['problem']}", file=out)
     for device in report["devices"]:

@@ -2,7 +2,7 @@
 import logging
 import os
 
-from . import _native
+from . import _native, verbs_extension
 from .errors import TransportError
 from .loss_models import rank_seed
 
@@ -75,20 +75,25 @@ def fit_window(window_bytes, granted, asked_buffer, forced, datagram_bytes):
 
 
 def rdma_available():
-    """True when libibverbs sees a device with an ACTIVE port."""
-    return _native.verbs_active_device_count() > 0
+    """True when the RDMA extension loads and libibverbs sees a device with an ACTIVE port."""
+    verbs = verbs_extension.load()
+    return verbs is not None and verbs.verbs_active_device_count() > 0
 
 
 def choose(requested):
     """Resolve "auto" (and the UD_TRANSPORT override) to a concrete transport:
-    verbs when an RDMA device has an active port, UDP otherwise."""
+    verbs when an RDMA device has an active port, UDP otherwise (also when the
+    RDMA extension is not built or libibverbs cannot be loaded)."""
     requested = os.environ.get("UD_TRANSPORT", requested) or "auto"
     if requested not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {requested!r}")
     if requested == "verbs":
+        if verbs_extension.load() is None:
+            raise TransportError(f"transport='verbs' is unavailable: {verbs_extension.problem()}; "
+                                 "use transport='udp' or 'auto', or see `python -m ud_transport info`")
         if not rdma_available():
             raise TransportError("transport='verbs' needs an RDMA device with an active port and there is none here "
-                                 f"({_why_no_rdma()}); use transport='udp' or 'auto', "
+                                 f"({why_no_rdma()}); use transport='udp' or 'auto', "
                                  "or see `python -m ud_transport info`")
         return "verbs"
     if requested == "auto":
@@ -96,11 +101,15 @@ def choose(requested):
     return requested
 
 
-def _why_no_rdma():
+def why_no_rdma():
+    """Why no RDMA device with an active port is usable here (the extension's absence included)."""
+    verbs = verbs_extension.load()
+    if verbs is None:
+        return verbs_extension.problem()
     try:
-        names = _native.device_names()
+        names = verbs.device_names()
         if not names:
-            _native.Context()  # raises with the reason (e.g. ENOSYS: no RDMA in this kernel)
+            verbs.Context()  # raises with the reason (e.g. ENOSYS: no RDMA in this kernel)
         return f"devices {', '.join(names)} have no active port"
     except OSError as error:
         return str(error)
@@ -136,17 +145,21 @@ def receive_depth(options, datagram_bytes, device_limit):
 
 
 def open_verbs(bind_address, options, session_id):
-    """A verbs UD transport: device/port/GID chosen (or as given), Q_Key from the session."""
+    """A verbs UD transport (opened by _verbs, owned by a _native.Transport): device/port/GID
+    chosen (or as given), Q_Key from the session."""
+    verbs = verbs_extension.load()
+    if verbs is None:
+        raise TransportError(f"verbs transport: {verbs_extension.problem()}")
     device, port, gid_index = verbs_settings(options)
     prefer = bind_address if bind_address and not bind_address.startswith("127.") else None
     try:
-        endpoint = _native.choose_endpoint(device, port, gid_index, prefer)
+        endpoint = verbs.choose_endpoint(device, port, gid_index, prefer)
         mtu = endpoint["active_mtu"]
         # With a small chunk_bytes, small receive buffers: the window then costs little memory.
         datagram = min(mtu, options.chunk_bytes + _native.HEADER_BYTES) if options.chunk_bytes else mtu
         depth = receive_depth(options, datagram, endpoint["max_queue_depth"])
-        qkey = _native.qkey_for_session(session_id)
-        transport = _native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], qkey,
+        qkey = verbs.qkey_for_session(session_id)
+        transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], qkey,
                                                 max_datagram_bytes=datagram,
                                                 send_depth=min(SEND_DEPTH, endpoint["max_queue_depth"]),
                                                 recv_depth=depth)
@@ -154,8 +167,8 @@ def open_verbs(bind_address, options, session_id):
         raise TransportError(f"verbs transport: {error}") from error
     log.info("verbs: %s port %d gid_index %d (%s %s), qpn 0x%x, qkey 0x%x, datagrams of %d bytes (active MTU %d), "
              "%d receives posted", endpoint["device"], endpoint["port"], endpoint["gid_index"], endpoint["gid_type"],
-             _native.format_gid(endpoint["gid"]), transport.qpn, qkey, datagram, mtu, depth)
-    return transport
+             verbs.format_gid(endpoint["gid"]), transport.qpn, qkey, datagram, mtu, depth)
+    return _native.Transport.adopt(transport.detach())
 
 
 def open_transport(name, bind_address, options, rank, session_id):

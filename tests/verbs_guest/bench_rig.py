@@ -21,14 +21,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ranks import run_ranks  # noqa: E402
 
-from ud_transport import _native as native  # noqa: E402
+from ud_transport import _verbs as verbs  # noqa: E402
 
 SESSION = 0x5EED
 
 
 def perftest(size, iterations):
     """ib_send_bw -c UD -x 1 between two processes on the one device: (MB/s, messages/s)."""
-    endpoint = native.choose_endpoint()
+    endpoint = verbs.choose_endpoint()
     common = ["ib_send_bw", "-d", endpoint["device"], "-i", str(endpoint["port"]), "-x", str(endpoint["gid_index"]),
               "-c", "UD", "-s", str(size), "-n", str(iterations), "-F"]
     server = subprocess.Popen(["timeout", "120"] + common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -47,8 +47,8 @@ def perftest(size, iterations):
 
 
 def _stream_receiver(connection, count, recv_depth):
-    endpoint = native.choose_endpoint()
-    transport = native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77,
+    endpoint = verbs.choose_endpoint()
+    transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77,
                                            recv_depth=recv_depth)
     connection.send(transport.address)
     sender = connection.recv()
@@ -59,8 +59,8 @@ def _stream_receiver(connection, count, recv_depth):
 
 def stream(count, size, recv_depth=16384):
     """ud_transport's datagram stream (native loops, GIL released) between two processes."""
-    endpoint = native.choose_endpoint()
-    transport = native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77)
+    endpoint = verbs.choose_endpoint()
+    transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77)
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe()
     receiver = context.Process(target=_stream_receiver, args=(child, count, recv_depth))
@@ -103,7 +103,7 @@ def main():
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     arguments = parser.parse_args()
-    print(f"device: {native.choose_endpoint()}", flush=True)
+    print(f"device: {verbs.choose_endpoint()}", flush=True)
 
     print("\n| what | size | messages | MB/s | messages/s | delivered |\n|---|---|---|---|---|---|")
     perf_rates, ours = [], []

@@ -14,7 +14,7 @@ import pytest
 import ud_transport
 from conftest import skip_or_fail
 from ranks import run_ranks
-from ud_transport import _native as native
+from ud_transport import _native as native, _verbs as verbs
 
 # TCG runs ~15x slower than the host and 4 ranks share 2 vCPUs: a healthy upstream can pause
 # for many milliseconds, so the engine's idle-after-loss close is stretched to match.
@@ -25,7 +25,7 @@ DTYPES = ["float32", "float64", "float16", "int32"]
 
 @pytest.fixture(scope="module", autouse=True)
 def rdma_device():
-    if native.verbs_active_device_count() == 0:
+    if verbs.verbs_active_device_count() == 0:
         skip_or_fail("no RDMA device with an active port here: these tests run in the SoftRoCE guest "
                      "(python -m pytest tests/test_verbs_allreduce.py boots it)")
 
@@ -106,7 +106,7 @@ def test_auto_picks_verbs_when_an_rdma_device_is_active():
 
 
 def test_device_and_gid_index_from_the_environment(monkeypatch):
-    endpoint = native.choose_endpoint()
+    endpoint = verbs.choose_endpoint()
     monkeypatch.setenv("UD_DEVICE", endpoint["device"])
     monkeypatch.setenv("UD_GID_INDEX", str(endpoint["gid_index"]))
     assert run_ranks(range(2), 2, store_directory(), describe, transport="verbs", **SMALL)[0][0] == "verbs"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import skip_or_fail
-from ud_transport import _native as native
+from ud_transport import _verbs as verbs
 
 QKEY = 0x1234
 MTU_SLACK = 64
@@ -22,10 +22,10 @@ MTU_SLACK = 64
 
 @pytest.fixture(scope="module")
 def endpoint():
-    if native.verbs_active_device_count() == 0:
+    if verbs.verbs_active_device_count() == 0:
         skip_or_fail("no RDMA device with an active port here: these tests run in the SoftRoCE guest "
                      "(python -m pytest tests/test_verbs_bindings.py boots it)")
-    return native.choose_endpoint()
+    return verbs.choose_endpoint()
 
 
 @pytest.fixture
@@ -35,13 +35,13 @@ def device(endpoint):
 
 def build_all(endpoint):
     """One of every verbs object, wired the way the transport wires them."""
-    context = native.Context(endpoint["device"])
-    channel = native.CompletionChannel(context)
-    cq = native.CompletionQueue(context, 64, channel)
-    pd = native.ProtectionDomain(context)
-    mr = native.MemoryRegion(pd, 8192)
-    qp = native.UDQueuePair(pd, cq, cq, 16, 16)
-    ah = native.AddressHandle(pd, endpoint["port"], endpoint["gid_index"], endpoint["gid"])
+    context = verbs.Context(endpoint["device"])
+    channel = verbs.CompletionChannel(context)
+    cq = verbs.CompletionQueue(context, 64, channel)
+    pd = verbs.ProtectionDomain(context)
+    mr = verbs.MemoryRegion(pd, 8192)
+    qp = verbs.UDQueuePair(pd, cq, cq, 16, 16)
+    ah = verbs.AddressHandle(pd, endpoint["port"], endpoint["gid_index"], endpoint["gid"])
     return [context, channel, cq, pd, mr, qp, ah]
 
 
@@ -72,8 +72,8 @@ def test_closing_a_parent_closes_its_children_first(endpoint):
 
 
 def test_with_blocks_close_and_use_after_close_is_refused(endpoint):
-    with native.Context(endpoint["device"]) as context:
-        with native.ProtectionDomain(context) as pd, native.MemoryRegion(pd, 4096) as mr:
+    with verbs.Context(endpoint["device"]) as context:
+        with verbs.ProtectionDomain(context) as pd, verbs.MemoryRegion(pd, 4096) as mr:
             mr.write(b"abc", 10)
             assert mr.read(3, 10) == b"abc"
         assert mr.closed and pd.closed
@@ -86,80 +86,80 @@ def test_objects_dropped_without_close_are_released(endpoint):
     for _ in range(50):
         objects = build_all(endpoint)
         del objects  # __dealloc__ in any order the collector picks; no crash, no leak of device contexts
-    context = native.Context(endpoint["device"])
+    context = verbs.Context(endpoint["device"])
     context.close()
 
 
 # ---- errors that name the verb, the errno and the object -----------------------------------
 
 def test_bad_device_name(endpoint):
-    with pytest.raises(native.VerbsError) as caught:
-        native.Context("no_such_dev0")
+    with pytest.raises(verbs.VerbsError) as caught:
+        verbs.Context("no_such_dev0")
     assert caught.value.errno == errno.ENODEV
     assert str(caught.value).startswith("ibv_open_device failed: ENODEV (19) [dev=no_such_dev0]")
     assert endpoint["device"] in str(caught.value)  # lists what exists
-    with pytest.raises(native.VerbsError, match=r"^ibv_open_device failed: ENODEV \(19\) \[dev=no_such_dev0\]"):
-        native.VerbsTransport.open("no_such_dev0", 1, 1, QKEY)
-    with pytest.raises(native.VerbsError, match=r"\[dev=no_such_dev0\]"):
-        native.choose_endpoint(device="no_such_dev0")
+    with pytest.raises(verbs.VerbsError, match=r"^ibv_open_device failed: ENODEV \(19\) \[dev=no_such_dev0\]"):
+        verbs.VerbsTransport.open("no_such_dev0", 1, 1, QKEY)
+    with pytest.raises(verbs.VerbsError, match=r"\[dev=no_such_dev0\]"):
+        verbs.choose_endpoint(device="no_such_dev0")
 
 
 def test_bad_port(endpoint, device):
-    with native.Context(device) as context:
+    with verbs.Context(device) as context:
         ports = context.query_device()["phys_port_cnt"]
         bad = ports + 1
-        with pytest.raises(native.VerbsError) as caught:
+        with pytest.raises(verbs.VerbsError) as caught:
             context.query_port(bad)
     assert caught.value.errno == errno.EINVAL
     assert str(caught.value).startswith(f"ibv_query_port failed: EINVAL (22) [dev={device} port={bad}]")
-    with pytest.raises(native.VerbsError, match=rf"^ibv_query_port failed: EINVAL \(22\) \[dev={device} port={bad}\]"):
-        native.VerbsTransport.open(device, bad, endpoint["gid_index"], QKEY)
-    with pytest.raises(native.VerbsError, match=rf"\[dev={device} port={bad}\]"):
-        native.choose_endpoint(device=device, port=bad)
+    with pytest.raises(verbs.VerbsError, match=rf"^ibv_query_port failed: EINVAL \(22\) \[dev={device} port={bad}\]"):
+        verbs.VerbsTransport.open(device, bad, endpoint["gid_index"], QKEY)
+    with pytest.raises(verbs.VerbsError, match=rf"\[dev={device} port={bad}\]"):
+        verbs.choose_endpoint(device=device, port=bad)
 
 
 def test_bad_gid_index(endpoint, device):
     port = endpoint["port"]
     bad = 200  # inside the table's range on rxe (1024 entries) but not populated
-    with native.Context(device) as context:
-        with pytest.raises(native.VerbsError, match=rf"^ibv_query_gid_ex failed: \w+ \(\d+\) \[dev={device} port={port} gid_index={bad}\]"):
+    with verbs.Context(device) as context:
+        with pytest.raises(verbs.VerbsError, match=rf"^ibv_query_gid_ex failed: \w+ \(\d+\) \[dev={device} port={port} gid_index={bad}\]"):
             context.query_gid(port, bad)
-        with native.ProtectionDomain(context) as pd:
-            with pytest.raises(native.VerbsError) as caught:
-                native.AddressHandle(pd, port, bad, endpoint["gid"])
+        with verbs.ProtectionDomain(context) as pd:
+            with pytest.raises(verbs.VerbsError) as caught:
+                verbs.AddressHandle(pd, port, bad, endpoint["gid"])
     assert str(caught.value).startswith(f"ibv_create_ah failed: {errno.errorcode[caught.value.errno]} ({caught.value.errno}) "
                                         f"[dev={device} port={port} gid_index={bad}]")
-    with pytest.raises(native.VerbsError, match=rf"^ibv_query_gid_ex failed: \w+ \(\d+\) \[dev={device} port={port} gid_index={bad}\]"):
-        native.VerbsTransport.open(device, port, bad, QKEY)
+    with pytest.raises(verbs.VerbsError, match=rf"^ibv_query_gid_ex failed: \w+ \(\d+\) \[dev={device} port={port} gid_index={bad}\]"):
+        verbs.VerbsTransport.open(device, port, bad, QKEY)
 
 
 def test_transport_refuses_a_privileged_qkey_and_a_datagram_size_above_the_mtu(endpoint, device):
     with pytest.raises(OSError, match="high bit"):
-        native.VerbsTransport.open(device, endpoint["port"], endpoint["gid_index"], 0x80000001)
+        verbs.VerbsTransport.open(device, endpoint["port"], endpoint["gid_index"], 0x80000001)
     with pytest.raises(OSError, match="exceeds the port's active MTU"):
-        native.VerbsTransport.open(device, endpoint["port"], endpoint["gid_index"], QKEY,
+        verbs.VerbsTransport.open(device, endpoint["port"], endpoint["gid_index"], QKEY,
                                    max_datagram_bytes=endpoint["active_mtu"] + 1)
 
 
 def test_not_supported_has_its_own_type():
-    error = native.verbs_error("ibv_alloc_dm", errno.EOPNOTSUPP, "dev=rxe0")
-    assert isinstance(error, native.VerbsNotSupported) and isinstance(error, native.VerbsError)
+    error = verbs.verbs_error("ibv_alloc_dm", errno.EOPNOTSUPP, "dev=rxe0")
+    assert isinstance(error, verbs.VerbsNotSupported) and isinstance(error, verbs.VerbsError)
     assert str(error) == "ibv_alloc_dm failed: EOPNOTSUPP (95) [dev=rxe0]"
 
 
 # ---- QP lifecycle and datagrams through the raw bindings -------------------------------------
 
 def open_pair(endpoint, depth=32):
-    context = native.Context(endpoint["device"])
-    pd = native.ProtectionDomain(context)
-    cq = native.CompletionQueue(context, 4 * depth)
-    qps = [native.UDQueuePair(pd, cq, cq, depth, depth) for _ in range(2)]
+    context = verbs.Context(endpoint["device"])
+    pd = verbs.ProtectionDomain(context)
+    cq = verbs.CompletionQueue(context, 4 * depth)
+    qps = [verbs.UDQueuePair(pd, cq, cq, depth, depth) for _ in range(2)]
     assert [qp.state for qp in qps] == ["RESET", "RESET"]
     for qp in qps:
         qp.to_rts(endpoint["port"], QKEY)
     assert [qp.state for qp in qps] == ["RTS", "RTS"]
-    mr = native.MemoryRegion(pd, 2 * depth * (endpoint["active_mtu"] + MTU_SLACK) + 2 * endpoint["active_mtu"] + 8192)
-    ah = native.AddressHandle(pd, endpoint["port"], endpoint["gid_index"], endpoint["gid"])
+    mr = verbs.MemoryRegion(pd, 2 * depth * (endpoint["active_mtu"] + MTU_SLACK) + 2 * endpoint["active_mtu"] + 8192)
+    ah = verbs.AddressHandle(pd, endpoint["port"], endpoint["gid_index"], endpoint["gid"])
     return context, pd, cq, qps, mr, ah
 
 
@@ -181,14 +181,14 @@ def test_send_to_a_qpn_that_does_not_exist_completes_and_is_lost(endpoint):
         missing_qpn = max(sender.qpn, receiver.qpn) + 1000
         sender.post_send(mr, 0, 13, ah, missing_qpn, QKEY, wr_id=1)
         completions = drain(cq, 1.0)
-        assert [(c["wr_id"], c["status"]) for c in completions] == [(1, native.WC_STATUS_SUCCESS)], completions
+        assert [(c["wr_id"], c["status"]) for c in completions] == [(1, verbs.WC_STATUS_SUCCESS)], completions
         # control: the same send to the real QPN arrives, with the GRH in front
         sender.post_send(mr, 0, 13, ah, receiver.qpn, QKEY, wr_id=2)
         completions = drain(cq, 1.0)
         received = [c for c in completions if c["wr_id"] >= 100]
-        assert len(received) == 1 and received[0]["status"] == native.WC_STATUS_SUCCESS, completions
-        assert received[0]["byte_len"] == native.GRH_BYTES + 13 and received[0]["src_qp"] == sender.qpn
-        assert mr.read(13, 8192 + (received[0]["wr_id"] - 100) * slot + native.GRH_BYTES) == b"lost in space"
+        assert len(received) == 1 and received[0]["status"] == verbs.WC_STATUS_SUCCESS, completions
+        assert received[0]["byte_len"] == verbs.GRH_BYTES + 13 and received[0]["src_qp"] == sender.qpn
+        assert mr.read(13, 8192 + (received[0]["wr_id"] - 100) * slot + verbs.GRH_BYTES) == b"lost in space"
         assert sender.state == "RTS"  # the lost datagram did not hurt the QP
 
 
@@ -209,7 +209,7 @@ def test_oversized_ud_send_sends_nothing(endpoint):
 def test_qp_to_rts_refuses_a_privileged_qkey(endpoint):
     context, pd, cq, qps, mr, ah = open_pair(endpoint)
     with context:
-        fresh = native.UDQueuePair(pd, cq)
+        fresh = verbs.UDQueuePair(pd, cq)
         with pytest.raises(ValueError, match="privileged"):
             fresh.to_rts(endpoint["port"], 0x80000000)
 
@@ -217,14 +217,14 @@ def test_qp_to_rts_refuses_a_privileged_qkey(endpoint):
 # ---- the transport ----------------------------------------------------------------------------
 
 def open_transports(endpoint, count, **kwargs):
-    return [native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], QKEY, **kwargs)
+    return [verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], QKEY, **kwargs)
             for _ in range(count)]
 
 
 def test_transport_address_names_gid_qpn_and_qkey(endpoint):
     (transport,) = open_transports(endpoint, 1)
-    fields = native.unpack_verbs_address(transport.address)
-    assert len(transport.address) == native.VERBS_ADDRESS_BYTES == 26
+    fields = verbs.unpack_verbs_address(transport.address)
+    assert len(transport.address) == verbs.VERBS_ADDRESS_BYTES == 26
     assert fields == {"gid": endpoint["gid"], "qpn": transport.qpn, "lid": endpoint["lid"], "qkey": QKEY}
     assert transport.max_datagram_bytes == endpoint["active_mtu"]
 
@@ -245,8 +245,8 @@ def test_transport_identifies_senders_and_marks_strangers(endpoint):
 
 def test_a_datagram_with_another_sessions_qkey_never_arrives(endpoint):
     a, b = open_transports(endpoint, 2)
-    wrong = native.unpack_verbs_address(a.address)
-    forged = native.pack_verbs_address(wrong["gid"], wrong["qpn"], wrong["lid"], QKEY + 1)
+    wrong = verbs.unpack_verbs_address(a.address)
+    forged = verbs.pack_verbs_address(wrong["gid"], wrong["qpn"], wrong["lid"], QKEY + 1)
     a.set_peers([a.address, b.address])
     b.set_peers([forged, b.address])
     assert b.send(0, b"other session") == 1
@@ -305,7 +305,7 @@ def test_info_lists_devices_gids_and_the_choice(endpoint):
     result = subprocess.run([sys.executable, "-m", "ud_transport", "info"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     text = result.stdout
-    gid = native.format_gid(endpoint["gid"])
+    gid = verbs.format_gid(endpoint["gid"])
     assert f"{endpoint['device']}:" in text and f"active_mtu {endpoint['active_mtu']}" in text and "ACTIVE" in text
     assert f"gid {endpoint['gid_index']:3d}  {endpoint['gid_type']:7s}  {gid}" in text
     assert (f"ud_transport would use: {endpoint['device']} port {endpoint['port']} gid_index {endpoint['gid_index']} "

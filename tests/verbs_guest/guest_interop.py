@@ -20,7 +20,7 @@ import pytest
 
 import wire_format
 from conftest import skip_or_fail
-from ud_transport import Communicator, _native as native, options as options_module
+from ud_transport import Communicator, _native as native, _verbs as verbs, options as options_module
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 PEER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyverbs_peer.py")
@@ -112,13 +112,13 @@ class AnsweringStore:
 
 @pytest.fixture(scope="module")
 def endpoint():
-    if native.verbs_active_device_count() == 0:
+    if verbs.verbs_active_device_count() == 0:
         skip_or_fail("no RDMA device with an active port here: these tests run in the SoftRoCE guest "
                      "(python -m pytest tests/test_verbs_interop.py boots it)")
     if not os.path.exists(SYSTEM_PYTHON) or subprocess.run([SYSTEM_PYTHON, "-c", "import pyverbs.qp"],
                                                           capture_output=True).returncode != 0:
         skip_or_fail(f"{SYSTEM_PYTHON} cannot import pyverbs (apt-get install python3-pyverbs)")
-    return native.choose_endpoint()
+    return verbs.choose_endpoint()
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def session():
 
 @pytest.fixture
 def peer(endpoint, session):
-    started = PyverbsPeer(endpoint, native.qkey_for_session(session))
+    started = PyverbsPeer(endpoint, verbs.qkey_for_session(session))
     yield started
     started.close()
 
@@ -150,11 +150,11 @@ def rank_input(rank):
 
 
 def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoint, session, peer):
-    qkey = native.qkey_for_session(session)
-    peer_address = struct.pack("<I", peer.hello["mtu"]) + native.pack_verbs_address(peer.gid, peer.hello["qpn"], 0, qkey)
+    qkey = verbs.qkey_for_session(session)
+    peer_address = struct.pack("<I", peer.hello["mtu"]) + verbs.pack_verbs_address(peer.gid, peer.hello["qpn"], 0, qkey)
     options = options_module.build(chunk_bytes=CHUNK_BYTES, window_bytes=1 << 16, idle_close_us=500_000)
     communicator = Communicator(1, 2, AnsweringStore(session, peer_address), "verbs", options)
-    ours = native.unpack_verbs_address(communicator.address)
+    ours = verbs.unpack_verbs_address(communicator.address)
     assert ours["qkey"] == qkey and ours["gid"] == endpoint["gid"]
     to_us = {"dgid": ours["gid"].hex(), "dqpn": ours["qpn"], "qkey": qkey}
 
@@ -259,9 +259,9 @@ def test_engine_accepts_pyverbs_datagrams_and_our_sender_matches_the_spec(endpoi
 
 
 def test_raw_datagrams_cross_both_ways_unchanged_with_a_roce_v2_grh(endpoint, session, peer):
-    qkey = native.qkey_for_session(session)
-    transport = native.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], qkey)
-    peer_address = native.pack_verbs_address(peer.gid, peer.hello["qpn"], 0, qkey)
+    qkey = verbs.qkey_for_session(session)
+    transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], qkey)
+    peer_address = verbs.pack_verbs_address(peer.gid, peer.hello["qpn"], 0, qkey)
     transport.set_peers([peer_address, transport.address])
     mtu = transport.max_datagram_bytes
     rng = np.random.default_rng(7)
@@ -273,7 +273,7 @@ def test_raw_datagrams_cross_both_ways_unchanged_with_a_roce_v2_grh(endpoint, se
     assert [bytes.fromhex(r["hex"]) for r in received] == payloads
     assert {r["src_qp"] for r in received} == {transport.qpn}
     ipv4 = bytes.fromhex(received[0]["grh"])[20:]  # RoCEv2 over IPv4: the IP header is the GRH's last 20 bytes
-    if native.gid_ipv4(endpoint["gid"]):
+    if verbs.gid_ipv4(endpoint["gid"]):
         assert ipv4[0] == 0x45 and ipv4[12:16] == endpoint["gid"][12:]
 
     back = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1, 300, mtu)]
