@@ -19,7 +19,7 @@ __all__ = [
     "Communicator", "CollectiveStats", "AllreduceStats", "Options",
     "TransportError", "LossBudgetExceeded", "PeerTimeout", "LayoutMismatch", "Bernoulli", "GilbertElliott",
 ]
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 logging.getLogger("ud_transport").addHandler(logging.NullHandler())
 
@@ -42,6 +42,9 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
     world_size = int(os.environ["WORLD_SIZE"]) if world_size is None and "WORLD_SIZE" in os.environ else world_size
     if rank is None or world_size is None:
         raise ValueError("init() needs rank and world_size, or RANK and WORLD_SIZE in the environment")
+    if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1 or not 0 <= rank < world_size:
+        # before any network activity: a rank out of range would otherwise wait for a rendezvous that cannot complete
+        raise ValueError(f"rank {rank!r} is not in a world of {world_size!r} (need integers, 0 <= rank < world_size)")
     if "inject" not in options:
         options["inject"] = loss_models.from_environment()
     resolved = options_module.build(**options)

@@ -6,6 +6,7 @@ import struct
 import threading
 
 from . import _native, algorithms, rendezvous, transports
+from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .stats import CollectiveStats
@@ -57,6 +58,8 @@ class Communicator:
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        identity = f"ud_transport {__version__} wire {_native.WIRE_VERSION}"
+        rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id)
         # Everyone publishes its address and the largest datagram it can take;

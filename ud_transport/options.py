@@ -16,6 +16,7 @@ ENVIRONMENT = {
     "deadline_cap_s": "UD_DEADLINE_CAP",
     "default_loss_budget": "UD_LOSS_BUDGET",
     "join_timeout_s": "UD_JOIN_TIMEOUT",
+    "store_timeout_s": "UD_STORE_TIMEOUT",
     "algorithm": "UD_ALGORITHM",
 }
 
@@ -41,7 +42,7 @@ class Options:
     agree_resend_us: int = 1000  # first resend interval of verdict-round messages (doubles up to 16x)
     join_timeout_s: float = 300.0  # how long a call waits for every rank to join it (the deadline counts from then)
     bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
-    store_timeout_s: float = 300.0
+    store_timeout_s: float = 60.0  # rendezvous: every failure (store unreachable, a rank missing or disagreeing) raises within it
     inject: object = field(default=None)  # a loss model from ud_transport.loss_models
     # verbs (RDMA UD) only; unset = UD_DEVICE / UD_PORT / UD_GID_INDEX, else chosen (see `python -m ud_transport info`)
     device: str = ""  # e.g. "mlx5_0", "rxe0"

@@ -28,8 +28,16 @@ def store_from_environment(rank, world_size, timeout_s):
         raise TransportError("init() needs MASTER_ADDR and MASTER_PORT (as torchrun sets), or store=")
     # Under torchrun the agent hosts the store; workers only connect.
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return dist.TCPStore(host, int(port), world_size, is_master=(rank == 0 and not agent_hosts),
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    # torch's client tries to connect twice, each try up to its timeout: half each keeps the whole
+    # attempt within timeout_s (measured with torch 2.13: 6.5 s for a 3 s timeout).
+    connect = datetime.timedelta(seconds=max(timeout_s / 2, 0.5))
+    try:
+        store = dist.TCPStore(host, int(port), world_size, is_master=(rank == 0 and not agent_hosts), timeout=connect)
+    except Exception as error:
+        raise TransportError(f"rank {rank}: cannot reach the rendezvous store at MASTER_ADDR:MASTER_PORT = {host}:{port} "
+                             f"within {timeout_s:.0f} s ({type(error).__name__}: {str(error).splitlines()[0]})") from error
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return store
 
 
 def local_address_towards(host):
@@ -45,6 +53,10 @@ def local_address_towards(host):
         probe.close()
 
 
+def _missing(store, keys):
+    return [r for r, key in enumerate(keys) if not store.check([key])]
+
+
 def exchange(store, prefix, rank, world_size, value, timeout_s):
     """Publish `value` (bytes) and return every rank's, in rank order."""
     keys = [f"{prefix}/{r}" for r in range(world_size)]
@@ -52,8 +64,35 @@ def exchange(store, prefix, rank, world_size, value, timeout_s):
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except Exception as error:
-        raise TransportError(f"rendezvous {prefix}: not every rank arrived within {timeout_s:.0f} s: {error}") from error
+        missing = _missing(store, keys)
+        raise TransportError(f"rank {rank}: rendezvous {prefix}: rank(s) {', '.join(map(str, missing)) or '?'} of "
+                             f"{world_size} did not arrive within {timeout_s:.0f} s") from error
     return [bytes(store.get(k)) for k in keys]
+
+
+def check_identity(store, prefix, rank, world_size, identity, timeout_s):
+    """Every rank publishes what it believes (world size, library and wire versions); the first
+    rank that disagrees with this one is named, with both values. A rank that believes in a
+    larger world waits for ranks that do not exist: on the timeout it still names a disagreeing
+    rank when one published, else the missing ones."""
+    mine = f"{world_size}/{identity}"
+    keys = [f"{prefix}/identity/{r}" for r in range(world_size)]
+    store.set(keys[rank], mine)
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        timed_out = None
+    except Exception as error:
+        timed_out = error
+    for r, key in enumerate(keys):
+        if r != rank and store.check([key]):
+            theirs = bytes(store.get(key)).decode()
+            if theirs != mine:
+                raise TransportError(f"rank {rank}: rank {r} disagrees on the job: it has world_size/versions "
+                                     f"{theirs!r}, this rank {mine!r}")
+    if timed_out is not None:
+        missing = _missing(store, keys)
+        raise TransportError(f"rank {rank}: rendezvous {prefix}: rank(s) {', '.join(map(str, missing)) or '?'} of "
+                             f"{world_size} did not arrive within {timeout_s:.0f} s") from timed_out
 
 
 def agree_session_id(store, prefix, rank, timeout_s):
