@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 import ud_transport
-from ud_transport import options as options_module
+from ud_transport import options as options_module, rendezvous
 from ud_transport.communicator import Communicator
 from ud_transport.local_cluster import free_tcp_port
 
@@ -22,6 +22,11 @@ SLACK = 3.0  # thread start, socket setup, torch's retry rounding
 def store():
     return dist.TCPStore("127.0.0.1", free_tcp_port(), is_master=True, wait_for_workers=False,
                          timeout=datetime.timedelta(seconds=TIMEOUT))
+
+
+def client_of(master):
+    """A rank's own connection to the store (one shared client would serialise the ranks' waits)."""
+    return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT))
 
 
 def create(rank, world_size, shared, name):
@@ -63,7 +68,7 @@ def test_ranks_that_disagree_on_the_world_size_name_each_other():
 
     def run(rank, world_size):
         try:
-            create(rank, world_size, shared, "mismatch").close()
+            create(rank, world_size, client_of(shared), "mismatch").close()
         except ud_transport.TransportError as error:
             errors[rank] = str(error)
 
@@ -82,6 +87,6 @@ def test_a_rank_of_another_version_is_named():
     """A peer that published another wire version (written into the real store
     as that peer would) is named before any datagram is sent."""
     shared = store()
-    shared.set("ud_transport/versions/identity/1", f"2/ud_transport {ud_transport.__version__} wire 2")
+    shared.set("ud_transport/versions/identity/1", rendezvous.identity_record(2, ud_transport.__version__, 2))
     with pytest.raises(ud_transport.TransportError, match=r"rank 0: rank 1 disagrees on the job.*wire 2'"):
         create(0, 2, shared, "versions")

@@ -58,7 +58,7 @@ class Communicator:
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        identity = f"ud_transport {__version__} wire {_native.WIRE_VERSION}"
+        identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id)

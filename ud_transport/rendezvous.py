@@ -5,6 +5,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 
 from .errors import TransportError
 
@@ -70,29 +71,40 @@ def exchange(store, prefix, rank, world_size, value, timeout_s):
     return [bytes(store.get(k)) for k in keys]
 
 
-def check_identity(store, prefix, rank, world_size, identity, timeout_s):
-    """Every rank publishes what it believes (world size, library and wire versions); the first
-    rank that disagrees with this one is named, with both values. A rank that believes in a
-    larger world waits for ranks that do not exist: on the timeout it still names a disagreeing
-    rank when one published, else the missing ones."""
-    mine = f"{world_size}/{identity}"
+def identity_record(world_size, library_version, wire_version):
+    """What a rank publishes about the job it believes it is in; ranks must publish the same."""
+    return f"{world_size}/ud_transport {library_version} wire {wire_version}"
+
+
+def check_identity(store, prefix, rank, world_size, mine, timeout_s):
+    """Every rank publishes what it believes (`identity_record`); the first rank that disagrees
+    with this one is named, with both values, as soon as it has published (polled, so a rank that
+    believes in a larger world does not wait out the timeout for ranks that do not exist); on the
+    timeout the ranks that never arrived are named."""
     keys = [f"{prefix}/identity/{r}" for r in range(world_size)]
     store.set(keys[rank], mine)
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-        timed_out = None
-    except Exception as error:
-        timed_out = error
-    for r, key in enumerate(keys):
-        if r != rank and store.check([key]):
-            theirs = bytes(store.get(key)).decode()
-            if theirs != mine:
-                raise TransportError(f"rank {rank}: rank {r} disagrees on the job: it has world_size/versions "
-                                     f"{theirs!r}, this rank {mine!r}")
-    if timed_out is not None:
-        missing = _missing(store, keys)
-        raise TransportError(f"rank {rank}: rendezvous {prefix}: rank(s) {', '.join(map(str, missing)) or '?'} of "
-                             f"{world_size} did not arrive within {timeout_s:.0f} s") from timed_out
+    deadline = time.monotonic() + timeout_s
+    seen, interval = {rank}, 0.25
+    while True:
+        unseen = [keys[r] for r in range(world_size) if r not in seen]
+        try:  # returns as soon as all are there; else look at who is, less often as time goes on
+            store.wait(unseen, datetime.timedelta(seconds=max(min(interval, deadline - time.monotonic()), 0.01)))
+        except Exception:
+            pass
+        interval = min(interval * 2, 4.0)
+        for r in range(world_size):
+            if r not in seen and store.check([keys[r]]):
+                seen.add(r)
+                theirs = bytes(store.get(keys[r])).decode()
+                if theirs != mine:
+                    raise TransportError(f"rank {rank}: rank {r} disagrees on the job: it has world_size/versions "
+                                         f"{theirs!r}, this rank {mine!r}")
+        if len(seen) == world_size:
+            return
+        if time.monotonic() >= deadline:
+            missing = sorted(set(range(world_size)) - seen)
+            raise TransportError(f"rank {rank}: rendezvous {prefix}: rank(s) {', '.join(map(str, missing))} of "
+                                 f"{world_size} did not arrive within {timeout_s:.0f} s")
 
 
 def agree_session_id(store, prefix, rank, timeout_s):

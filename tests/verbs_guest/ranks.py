@@ -37,6 +37,9 @@ class DirectoryStore:
         with open(self._path(key), "rb") as source:
             return source.read()
 
+    def check(self, keys):
+        return all(os.path.exists(self._path(k)) for k in keys)
+
     def wait(self, keys, timeout=datetime.timedelta(seconds=300)):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         deadline = time.monotonic() + seconds
