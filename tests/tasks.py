@@ -413,3 +413,12 @@ def alone_allreduce_sent(comm, count, deadline, algorithm):
         stats = error.stats
         return stats.datagrams_sent - stats.agree_messages_sent - stats.join_messages_sent, stats.credit_stalls
     raise AssertionError("the call succeeded without its peer")
+
+
+def call_dependent_allreduce(comm, count, call, algorithm=None):
+    """Inputs that differ from call to call ((rank + 1) + 1000 * call), so a datagram of an earlier
+    call admitted into this one would change the result. Returns (exact?, stats)."""
+    tensor = np.full(count, comm.rank + 1 + 1000 * call, dtype=np.float32)
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
+    expected = comm.world_size * (comm.world_size + 1) / 2 + 1000 * call * comm.world_size
+    return bool(np.all(tensor == expected)), stats
