@@ -7,7 +7,7 @@
 import logging
 import os
 
-from . import loss_models
+from . import log_switch, loss_models
 from .communicator import Communicator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .loss_models import Bernoulli, GilbertElliott
@@ -22,6 +22,7 @@ __all__ = [
 from ._version import __version__  # noqa: E402
 
 logging.getLogger("ud_transport").addHandler(logging.NullHandler())
+log_switch.apply_environment(logging.getLogger("ud_transport"))  # UD_LOG=debug|info|warning|error
 
 _default = None
 
