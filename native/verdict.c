@@ -55,6 +55,18 @@ static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, ui
     return rc < 0 ? rc : 0;
 }
 
+/* What one rank that called with our layout can report of this call: at most every contribution
+ * to the longest block, at most every element fresh, a budget in [0, 1]. (A rank with another
+ * layout is named by the layout check; its counts are of another call shape.) */
+static int verdict_plausible(const struct call *c, const uint8_t *payload)
+{
+    struct udt_verdict v;
+    udt_verdict_decode(payload, &v);
+    uint64_t longest_block = (c->args.count + c->n - 1) / c->n;
+    return v.reduce_weighted <= (uint64_t)c->n * longest_block && v.fresh_elements <= c->args.count &&
+           v.loss_budget >= 0.0 && v.loss_budget <= 1.0;
+}
+
 static struct verdict_slot *slot_for(struct udt_comm *comm, uint32_t peer, uint32_t sequence)
 {
     struct verdict_slot *slot = &comm->peers[peer].slot[sequence & 1];
@@ -94,6 +106,10 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
         if (p == c->rank)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+        if ((slot->flags & VERDICT_GOT) && slot->layout_tag == c->layout_tag && !verdict_plausible(c, slot->payload)) {
+            slot->flags = 0; /* sent before this call started, by a peer or a forger: it will send its real one again */
+            c->stats->dropped_invalid++;
+        }
         if (slot->flags & VERDICT_GOT) {
             c->verdicts_got++;
             mark_finished(c, comm, p, now);
@@ -131,6 +147,10 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
     udt_verdict_decode(payload, &claimed);
     if ((claimed.cause >> 16) > CAUSE_TRANSPORT || (claimed.cause != CAUSE_NONE && (claimed.cause & 0xFFFFu) >= c->n)) {
         c->stats->dropped_invalid++; /* a cause no rank can have: it would blame a rank that does not exist */
+        return;
+    }
+    if (h->sequence == c->sequence && h->layout_tag == c->layout_tag && !verdict_plausible(c, payload)) {
+        c->stats->dropped_invalid++; /* counts no rank of this call can report (the next call's: checked when it starts) */
         return;
     }
     int have_ours = h->flags & UDT_AGREE_HAVE_YOURS, is_reply = h->flags & UDT_AGREE_REPLY;
