@@ -27,6 +27,7 @@ cdef extern from "transport.h" nogil:
         UDT_UDP_GRO
         UDT_UDP_RCVBUF_FORCED
         UDT_UDP_GSO_REFUSED
+        UDT_UDP_DROPS_COUNTED
 
     # the C struct shares its tag with the function below; Cython needs another name for it
     ctypedef struct udt_udp_counters_struct "struct udt_udp_counters":
@@ -126,6 +127,8 @@ cdef extern from "engine.h" nogil:
         uint64_t injected_drops
         uint64_t agree_messages_sent
         uint64_t join_messages_sent
+        uint64_t receive_overflow_drops
+        uint64_t verdict_acks_presumed
         double elapsed_s
         double deadline_s
         double agree_s

@@ -1058,6 +1058,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     /* until every rank is known to be in the call, only the join timeout runs */
     set_deadlines(c, now, comm->options.join_timeout_ms * 1e-3);
     c->drops_before = comm->transport->counter_injected_drops;
+    c->overflows_before = comm->transport->counter_receive_overflows;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         peer->credit_limit = 0;
@@ -1076,6 +1077,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->highest_step_seen = 0;
         peer->finished = 0;
         peer->verdict_attempts = 0;
+        peer->acks_asked = 0;
         peer->verdict_resend_ns = 0;
     }
     int rc = prepare(comm, c);
@@ -1209,6 +1211,7 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     struct call *c = &comm->call;
     struct udt_collective_stats *st = c->stats;
     st->injected_drops = comm->transport->counter_injected_drops - c->drops_before;
+    st->receive_overflow_drops = comm->transport->counter_receive_overflows - c->overflows_before;
     st->mismatched_rank = c->mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
     if (c->phase != PHASE_DONE) {

@@ -52,6 +52,7 @@ struct peer_state {
     uint8_t finished;           /* its verdict came: it sends us nothing more */
     uint64_t finished_at_ns;
     uint32_t verdict_attempts;
+    uint32_t acks_asked;        /* copies of our verdict sent to it since we decided, its acknowledgement missing */
     uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
     /* kept between calls */
@@ -108,6 +109,7 @@ struct call {
     uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
     uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
     uint64_t drops_before;
+    uint64_t overflows_before;   /* the transport's receive-overflow count when the call started */
     /* verdict round */
     uint8_t my_verdict[UDT_VERDICT_BYTES];
     uint32_t verdicts_got, verdicts_acked;

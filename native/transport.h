@@ -48,6 +48,8 @@ struct udt_transport {
     uint32_t address_bytes;
     uint8_t address[UDT_ADDRESS_MAX]; /* what peers need to reach us */
     uint64_t counter_injected_drops; /* filled by the loss-injection wrapper */
+    uint64_t counter_receive_overflows; /* datagrams the kernel dropped at our socket, its receive queue full
+                                         * (UDP: SO_RXQ_OVFL, as reported with the next datagram received) */
     char error[256];
 };
 
@@ -78,6 +80,7 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
 #define UDT_UDP_GRO 2u              /* receives may hold many datagrams (UDP_GRO) */
 #define UDT_UDP_RCVBUF_FORCED 4u    /* SO_RCVBUFFORCE took: the buffer is not capped by net.core.rmem_max */
 #define UDT_UDP_GSO_REFUSED 8u      /* the kernel refused a GSO send; GSO is off since (datagrams resent without it) */
+#define UDT_UDP_DROPS_COUNTED 16u   /* SO_RXQ_OVFL took: datagrams dropped at the full socket are counted */
 uint32_t udt_udp_features(const struct udt_transport *t);
 /* Turn features off (UDT_UDP_GSO, UDT_UDP_GRO) on an open transport, e.g. to
  * measure or test the plain path. Returns 0, or -EINVAL if t is not UDP. */

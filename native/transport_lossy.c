@@ -61,6 +61,7 @@ static int lossy_recv(struct udt_transport *t, struct udt_recv_item *items, int 
 {
     struct lossy_transport *l = (struct lossy_transport *)t;
     int got = udt_transport_recv(l->inner, items, max_items);
+    t->counter_receive_overflows = l->inner->counter_receive_overflows;
     if (got < 0) {
         memcpy(t->error, l->inner->error, sizeof t->error);
         return got;

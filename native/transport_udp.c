@@ -51,12 +51,16 @@
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
+#endif
 
 struct udp_transport {
     struct udt_transport base;
     int fd;
     uint32_t features;
     int gso_refused_errno;
+    uint32_t receive_drops_seen; /* the kernel's drop count for the socket, as last reported (SO_RXQ_OVFL) */
     uint32_t receive_buffer_asked, receive_buffer_bytes, send_buffer_bytes;
     uint32_t peer_count;
     struct sockaddr_in *peers;
@@ -78,7 +82,7 @@ struct udp_transport {
     struct iovec recv_iov[UDP_RECV_SLOTS];
     struct sockaddr_in recv_from[UDP_RECV_SLOTS];
     union {
-        char bytes[CMSG_SPACE(sizeof(int))];
+        char bytes[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t))]; /* GRO segment size, socket drop count */
         struct cmsghdr align;
     } recv_control[UDP_RECV_SLOTS];
     uint32_t slot_bytes[UDP_RECV_SLOTS];    /* bytes of whole datagrams held (0: one empty or truncated datagram) */
@@ -373,6 +377,11 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
                 int size;
                 memcpy(&size, CMSG_DATA(c), sizeof size);
                 segment = size > 0 ? (uint32_t)size : 0;
+            } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL && c->cmsg_len >= CMSG_LEN(sizeof(uint32_t))) {
+                uint32_t dropped; /* the socket's drop count since it opened (wraps at 2^32) */
+                memcpy(&dropped, CMSG_DATA(c), sizeof dropped);
+                t->counter_receive_overflows += (uint32_t)(dropped - u->receive_drops_seen);
+                u->receive_drops_seen = dropped;
             }
         }
         if (segment >= bytes)
@@ -531,6 +540,9 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
         u->features |= UDT_UDP_GSO;
     if (!env_disabled("UD_UDP_GRO") && set_gro(u, 1))
         u->features |= UDT_UDP_GRO;
+    int on = 1; /* every receive says how many datagrams the kernel dropped for want of buffer */
+    if (setsockopt(u->fd, SOL_SOCKET, SO_RXQ_OVFL, &on, sizeof on) == 0)
+        u->features |= UDT_UDP_DROPS_COUNTED;
     if (bind(u->fd, (struct sockaddr *)&address, sizeof address) != 0) {
         snprintf(error, (size_t)error_bytes, "udp: bind %s:%u failed: %s (%d)", bind_ipv4, port, strerror(errno), errno);
         close(u->fd);

@@ -19,12 +19,29 @@
 #include "engine_internal.h"
 
 
-#define ANSWER_WAIT_INTERVALS 4u /* after our last answer, wait this many first-resend intervals for a repeated request */
+/* A rank that holds a peer's verdict waits only for the peer's acknowledgement, which the peer
+ * sends the moment our message arrives: ask again after a quarter of the first resend interval,
+ * backing off to at most one interval. The rank that answers last stays one first-resend
+ * interval after its last answer, in which a peer that lost every copy of that answer asks twice
+ * more (a quarter and three quarters in). */
+#define ACK_INTERVAL_DIVISOR 4u
+#define ACK_INTERVAL_MAX_SHIFT 2u
+/* A decided rank still waiting for a peer's acknowledgement stops waiting once the peer has been
+ * silent ACK_QUIET_INTERVALS first-resend intervals and our verdict has gone to it ACK_QUIET_SENDS
+ * times since we decided. Any one of those copies would have given the peer our verdict, and a
+ * peer without it would still be asking; silence means it decided and left, its answers to us
+ * lost (a burst took the last of them), and it cannot answer again until its next call. Waiting
+ * on would hold us to the hard deadline for nothing. The count is what makes this safe: loss
+ * that takes 64 copies in a row (p^64 for independent loss) would take the data first. */
+#define ACK_QUIET_INTERVALS 64u
+#define ACK_QUIET_SENDS 64u
 
-static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts)
+static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts, int only_ack_missing)
 {
-    uint32_t shift = attempts < 4 ? attempts : 4;
-    return ((uint64_t)comm->options.agree_resend_us * 1000ull) << shift;
+    uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
+    if (only_ack_missing)
+        return base / ACK_INTERVAL_DIVISOR << (attempts < ACK_INTERVAL_MAX_SHIFT ? attempts : ACK_INTERVAL_MAX_SHIFT);
+    return base << (attempts < 4 ? attempts : 4);
 }
 
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
@@ -155,6 +172,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
     }
     int have_ours = h->flags & UDT_AGREE_HAVE_YOURS, is_reply = h->flags & UDT_AGREE_REPLY;
     if (h->sequence == c->sequence || h->sequence == c->sequence + 1) {
+        udt_hear(c, comm, peer, now); /* a repeated request too: the peer is still in the round */
         struct verdict_slot *slot = slot_for(comm, peer, h->sequence);
         int current = h->sequence == c->sequence;
         int news = !(slot->flags & VERDICT_GOT);
@@ -300,6 +318,23 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     return 1;
 }
 
+/* Whether every peer that has not acknowledged our verdict has been silent long enough after
+ * getting enough copies of it (see ACK_QUIET_INTERVALS). */
+static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t base)
+{
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->rank)
+            continue;
+        struct peer_state *peer = &comm->peers[p];
+        if (slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED)
+            continue;
+        uint64_t quiet_since = peer->last_heard_ns > c->decided_ns ? peer->last_heard_ns : c->decided_ns;
+        if (peer->acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
+            return 0;
+    }
+    return 1;
+}
+
 int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake)
 {
     int progressed = 0;
@@ -308,21 +343,27 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns)) {
         progressed |= decide(c, comm, now);
         /* from now on only acknowledgements are missing: ask for them soon */
+        uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
         for (uint32_t p = 0; p < c->n; p++) {
             if (comm->peers[p].verdict_attempts > 1)
                 comm->peers[p].verdict_attempts = 1;
-            if (comm->peers[p].verdict_resend_ns > now + base)
-                comm->peers[p].verdict_resend_ns = now + base;
+            if (comm->peers[p].verdict_resend_ns > soon)
+                comm->peers[p].verdict_resend_ns = soon;
         }
-        if (c->verdict_resend_due_ns > now + base)
-            c->verdict_resend_due_ns = now + base;
+        if (c->verdict_resend_due_ns > soon)
+            c->verdict_resend_due_ns = soon;
     }
     /* Done once everyone holds our verdict. If we have just answered a peer
-     * and this call has seen loss, stay a few resend intervals to answer
-     * again should that answer be lost: the peer cannot return before it
-     * hears from us. (On a clean link the answer's copies arrive.) */
+     * and this call has seen loss, stay one resend interval to answer again
+     * should that answer be lost: the peer cannot return before it hears
+     * from us, and after we return nobody answers it until our next call.
+     * (On a clean link the answer's copies arrive.) */
     int lossy = c->stats->chunks_lost > 0 || c->verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
-    uint64_t answer_wait_end = c->answered_ns && lossy ? c->answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
+    uint64_t answer_wait_end = c->answered_ns && lossy ? c->answered_ns + base : 0;
+    if (c->decided && c->verdicts_acked < others && acks_presumed(c, comm, now, base)) {
+        c->stats->verdict_acks_presumed += others - c->verdicts_acked;
+        c->verdicts_acked = others;
+    }
     if (c->decided && ((c->verdicts_acked >= others && now >= answer_wait_end) || now >= c->hard_deadline_ns)) {
         c->phase = PHASE_DONE;
         c->stats->agree_s = (double)(now - c->verdict_started_ns) * 1e-9;
@@ -350,7 +391,8 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             if (rc < 0)
                 return rc;
             c->verdict_resends += peer->verdict_attempts > 0;
-            peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++);
+            peer->acks_asked += c->decided;
+            peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++, flags & UDT_AGREE_HAVE_YOURS);
             progressed = 1;
         }
         if (peer->verdict_resend_ns < due)

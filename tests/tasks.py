@@ -172,6 +172,28 @@ def verdicts_under_loss(comm, calls, count, budget, algorithm):
     return outcomes
 
 
+def verdict_round_ends(comm, calls, count):
+    """Per call: its outcome, when this rank returned against the call's hard deadline, and
+    whether it stopped waiting for a silent peer's acknowledgement."""
+    ends = []
+    for call in range(calls):
+        tensor = np.full(count, comm.rank + 1.0, dtype=np.float32)
+        try:
+            stats, outcome = comm.allreduce(tensor, loss_budget=1.0, deadline=2.0), "ok"
+        except ud_transport.TransportError as error:
+            outcome = f"{type(error).__name__} naming {getattr(error, 'rank', None)}: {error}"
+            ends.append((outcome, None, None, 0))
+            continue
+        slack = min(max(stats.deadline_s / 4, 0.05), 1.0)  # the verdict round's slack past the data deadline (engine.c)
+        ends.append((outcome, stats.elapsed_s - stats.join_wait_s, stats.deadline_s + slack, stats.verdict_acks_presumed))
+        # Then wait for the others through the store, as a job waits in another collective: a rank
+        # that returned sends nothing of its next call that could stand in for a lost answer.
+        prefix = f"verdict-round-ends/{stats.sequence}"  # the same on every rank, new with every call
+        comm.store.set(f"{prefix}/{comm.rank}", b"1")
+        comm.store.wait([f"{prefix}/{r}" for r in range(comm.world_size)])
+    return ends
+
+
 def agree_values(comm, calls):
     results = []
     for call in range(calls):

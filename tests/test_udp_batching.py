@@ -19,7 +19,7 @@ import pytest
 import ud_transport._native as _native
 from conftest import skip_or_fail
 
-UDT_UDP_GSO, UDT_UDP_GRO, UDT_UDP_RCVBUF_FORCED, UDT_UDP_GSO_REFUSED = 1, 2, 4, 8
+UDT_UDP_GSO, UDT_UDP_GRO, UDT_UDP_RCVBUF_FORCED, UDT_UDP_GSO_REFUSED, UDT_UDP_DROPS_COUNTED = 1, 2, 4, 8, 16
 
 
 class SendItem(ctypes.Structure):
@@ -42,7 +42,8 @@ class Ops(ctypes.Structure):
 
 class TransportBase(ctypes.Structure):  # struct udt_transport (native/transport.h)
     _fields_ = [("ops", ctypes.POINTER(Ops)), ("max_datagram_bytes", ctypes.c_uint32), ("address_bytes", ctypes.c_uint32),
-                ("address", ctypes.c_uint8 * 64), ("counter_injected_drops", ctypes.c_uint64), ("error", ctypes.c_char * 256)]
+                ("address", ctypes.c_uint8 * 64), ("counter_injected_drops", ctypes.c_uint64),
+                ("counter_receive_overflows", ctypes.c_uint64), ("error", ctypes.c_char * 256)]
 
 
 class Counters(ctypes.Structure):
@@ -441,3 +442,29 @@ def test_allreduce_between_hosts_on_a_bridge_is_exact():
             assert chunk_bytes <= 1500 - 28 - 32
         for fractions, lost, exact in cluster.run(tasks.many_large, (4 << 20) // 4, 2):
             assert fractions == [1.0, 1.0] and lost == 0 and exact
+
+
+def test_datagrams_dropped_at_a_full_socket_are_counted_exactly():
+    """Self-inflicted loss is not silent: with a small receive buffer and nobody receiving, the
+    kernel drops what does not fit, and the transport counts those drops (SO_RXQ_OVFL) so that
+    what arrived plus what the kernel dropped is exactly what was sent."""
+    receiver = Udp(buffer_bytes=64 << 10)
+    try:
+        assert receiver.features & UDT_UDP_DROPS_COUNTED, receiver.describe()
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        target = (socket.inet_ntoa(receiver.address[:4]), int.from_bytes(receiver.address[4:6], "big"))
+        sent = 2000
+        for index in range(sent):
+            sender.sendto(header("burst", index) + payload(index, 968), target)
+        arrived = receiver.quiet(0.2)
+        assert 0 < len(arrived) < sent, f"{len(arrived)} of {sent} arrived: the buffer did not overflow"
+        # the kernel reports its drop count with each datagram it queues: one more tells the total
+        sender.sendto(header("probe", sent) + payload(sent, 968), target)
+        arrived += receiver.receive(1)
+        sender.close()
+        assert arrived[-1][1].startswith(b"probe:"), "the probe did not arrive"
+        overflows = receiver.ptr.contents.counter_receive_overflows
+        assert overflows > 0 and len(arrived) + overflows == sent + 1, (len(arrived), overflows)
+    finally:
+        receiver.close()
+

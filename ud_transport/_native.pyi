@@ -18,6 +18,7 @@ UDP_GSO: int
 UDP_GRO: int
 UDP_RCVBUF_FORCED: int
 UDP_GSO_REFUSED: int
+UDP_DROPS_COUNTED: int
 
 class Transport:
     @staticmethod

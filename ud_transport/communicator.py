@@ -80,6 +80,7 @@ class Communicator:
         self.receive_buffer_bytes = endpoint.receive_buffer_bytes
         self.transport_description = endpoint.describe()
         self.window_bytes = options.window_bytes
+        self._overflow_warned = False
         if self.receive_buffer_bytes:
             forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)
             self.window_bytes = transports.fit_window(options.window_bytes, self.receive_buffer_bytes,
@@ -191,6 +192,12 @@ class Communicator:
                 root, agree_value, budget, deadline_s)
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
+        if stats.receive_overflow_drops and not self._overflow_warned:
+            self._overflow_warned = True  # once per communicator: the counter stays in every call's stats
+            log.warning("rank %d: the kernel dropped %d datagrams at this rank's full receive queue in one call "
+                        "(receive buffer %d bytes, window %d bytes): lower window_bytes, or raise net.core.rmem_max "
+                        "(sysctl -w net.core.rmem_max=67108864)", self.rank, stats.receive_overflow_drops,
+                        self.receive_buffer_bytes, self.window_bytes)
         if status == _native.STATUS_OK:
             if target is not None and collective != _native.COLLECTIVE_AGREE:
                 target.written()

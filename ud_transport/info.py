@@ -86,6 +86,7 @@ def udp_report():
     return {"bind_address": bind, "gso": bool(features & _native.UDP_GSO), "gro": bool(features & _native.UDP_GRO),
             "receive_buffer_bytes": granted, "receive_buffer_asked": settings.socket_buffer_bytes,
             "receive_buffer_forced": bool(features & _native.UDP_RCVBUF_FORCED), "datagram_bytes": datagram,
+            "overflow_drops_counted": bool(features & _native.UDP_DROPS_COUNTED),
             "window_bytes_asked": settings.window_bytes,
             "window_bytes": transports.window_that_fits(granted, datagram, settings.window_bytes),
             "description": transport.describe()}

@@ -36,6 +36,8 @@ class CollectiveStats:
     injected_drops: int
     agree_messages_sent: int
     join_messages_sent: int  # JOIN requests and replies: who is in the call, whether a quiet sender is alive
+    receive_overflow_drops: int  # datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss)
+    verdict_acks_presumed: int  # peers whose acknowledgement of our verdict we stopped waiting for (silent long after it went to them)
     steps_ended: int  # receive steps with missing chunks closed by the END marker (or all the sender announced),
     steps_superseded: int  # by data of a later step,
     steps_idle_closed: int  # by quiet after a gap,
