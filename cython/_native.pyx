@@ -26,6 +26,43 @@ STATUS_NO_MEMORY = UDT_ERR_NO_MEMORY
 STATUS_LAYOUT_MISMATCH = UDT_ERR_LAYOUT_MISMATCH
 
 
+include "native_error.pxi"
+
+from collections import namedtuple as _namedtuple
+
+NativeError = _namedtuple("NativeError", "message call errno object detail")
+NativeError.__doc__ = """An error of the C layer: `call` is the failed system call ("" when a check of
+the library failed), `errno` its errno (0 if none), `object` what it was called on, `detail`
+advice or ""; `message` says it all in one sentence."""
+
+
+cdef object native_error(const udt_error *e):
+    return NativeError(*native_error_fields(e))
+
+
+class NativeCallError(OSError):
+    """A system call of the C layer failed (socket, bind, sendmmsg, ...): `call`, `errno`,
+    `object` and `detail` as values; str() is the C layer's one-sentence message."""
+
+    def __init__(self, call, errno_value, obj, detail, message):
+        super().__init__(errno_value, message)
+        self.call, self.object, self.detail, self.message = call, obj, detail, message
+
+    def __str__(self):
+        return self.message
+
+    def __reduce__(self):  # keep the fields when sent between processes
+        return type(self), (self.call, self.errno, self.object, self.detail, self.message)
+
+
+cdef object exception_from(const udt_error *e, default=OSError):
+    """NativeCallError when a call failed, else `default` with the library's message."""
+    error = native_error(e)
+    if error.call:
+        return NativeCallError(error.call, error.errno, error.object, error.detail, error.message)
+    return default(error.message)
+
+
 UDP_GSO = UDT_UDP_GSO
 UDP_GRO = UDT_UDP_GRO
 UDP_RCVBUF_FORCED = UDT_UDP_RCVBUF_FORCED
@@ -45,14 +82,14 @@ cdef class Transport:
 
     @staticmethod
     def udp(str bind_address, int port, uint32_t socket_buffer_bytes):
-        cdef char error[256]
+        cdef udt_error error
         cdef Transport t = Transport.__new__(Transport)
         encoded = bind_address.encode()
         cdef const char *address = encoded
-        memset(error, 0, sizeof(error))
-        t.ptr = udt_udp_open(address, <uint16_t>port, socket_buffer_bytes, error, sizeof(error))
+        memset(&error, 0, sizeof(error))
+        t.ptr = udt_udp_open(address, <uint16_t>port, socket_buffer_bytes, &error)
         if t.ptr is NULL:
-            raise OSError(error.decode(errors="replace"))
+            raise exception_from(&error)
         t.udp_ptr = t.ptr
         return t
 
@@ -184,13 +221,13 @@ cdef class Engine:
     cdef readonly uint32_t rank, world_size, chunk_bytes
 
     def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id, dict options):
-        cdef char error[320]
+        cdef udt_error error
         cdef udt_engine_options native_options = engine_options(options)
         transport._check_open()
-        memset(error, 0, sizeof(error))
-        self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &native_options, error, sizeof(error))
+        memset(&error, 0, sizeof(error))
+        self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &native_options, &error)
         if self.comm is NULL:
-            raise ValueError(error.decode(errors="replace"))
+            raise exception_from(&error, ValueError)
         transport.ptr = NULL  # the engine owns it now
         transport.udp_ptr = NULL
         self.rank = rank
@@ -210,7 +247,7 @@ cdef class Engine:
             raise ValueError("engine is closed")
         cdef const uint8_t *data = addresses
         if udt_comm_set_peers(self.comm, data, address_bytes) < 0:
-            raise OSError(udt_comm_error(self.comm).decode(errors="replace"))
+            raise exception_from(udt_comm_error(self.comm))
 
     def set_sequence(self, uint32_t sequence):
         """Tests only: make the next call's sequence number sequence + 1 (modulo 2**32),
@@ -222,8 +259,8 @@ cdef class Engine:
 
     def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
             int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s):
-        """Run one collective. Returns (status, stats dict, message). The
-        output is written only when status is STATUS_OK."""
+        """Run one collective. Returns (status, stats dict, NativeError or None when
+        status is STATUS_OK). The output is written only when status is STATUS_OK."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef udt_collective_args args
@@ -243,8 +280,7 @@ cdef class Engine:
         args.deadline_s = deadline_s
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
-        message = udt_comm_error(self.comm).decode(errors="replace") if status != UDT_OK else ""
-        return status, stats, message
+        return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
 
 
 # Pure helpers, exported so tests and the simulator check the C arithmetic itself.

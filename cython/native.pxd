@@ -3,7 +3,7 @@
 # (ud_transport._verbs only) in verbs_native.pxd.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
 
-from transport_io cimport udt_transport
+from transport_io cimport udt_error, udt_transport
 
 cdef extern from "transport.h" nogil:
     enum:
@@ -20,7 +20,7 @@ cdef extern from "transport.h" nogil:
         double loss_in_bad
         uint64_t seed
 
-    udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes)
+    udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, udt_error *error)
 
     enum:
         UDT_UDP_GSO
@@ -165,14 +165,14 @@ cdef extern from "engine.h" nogil:
         pass
 
     udt_comm *udt_comm_create(udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
-                              const udt_engine_options *options, char *error, int error_bytes)
+                              const udt_engine_options *options, udt_error *error)
     void udt_comm_destroy(udt_comm *comm)
     int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
     int udt_collective(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats)
     int udt_call_start(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats, uint64_t now_ns)
     int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)
     int udt_call_finish(udt_comm *comm, uint64_t now_ns)
-    const char *udt_comm_error(const udt_comm *comm)
+    const udt_error *udt_comm_error(const udt_comm *comm)
     int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
 
 cdef extern from "blocks.h" nogil:

@@ -2,13 +2,21 @@
 # header-only, so both extensions cimport it without linking each other's C code.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
 
+cdef extern from "error.h" nogil:
+    struct udt_error:
+        char call[40]
+        int errno_value
+        char object[160]
+        char detail[160]
+        char message[400]
+
 cdef extern from "transport.h" nogil:
     struct udt_transport:
         uint32_t max_datagram_bytes
         uint32_t address_bytes
         uint8_t address[64]
         uint64_t counter_injected_drops
-        char error[256]
+        udt_error error
 
     struct udt_send_item:
         uint32_t peer

@@ -2,7 +2,6 @@
 #   ibv_create_ah failed: EINVAL (22) [dev=rxe0 port=1 gid_index=1]
 # and a missing feature (EOPNOTSUPP) has its own type.
 import errno as _errno
-import re as _re
 
 from libc.errno cimport errno as c_errno
 
@@ -20,7 +19,7 @@ class VerbsError(OSError):
         if detail:
             message += f": {detail}"
         super().__init__(errno_value, message)
-        self.verb = verb
+        self.verb = self.call = verb  # `call` as on the engine's NativeCallError
         self.object = obj
         self.detail = detail
         self.message = message
@@ -42,15 +41,17 @@ def verbs_error(verb, int errno_value, obj, detail=None):
     return kind(verb, errno_value, obj, detail)
 
 
-_C_ERROR = _re.compile(r"^(?P<verb>\w+) failed: \w+ \((?P<errno>\d+)\) \[(?P<object>[^\]]*)\](?:: (?P<detail>.*))?$")
+include "native_error.pxi"
 
 
-def error_from_native(text):
-    """The exception for an error string of the C transport (same format when a verb failed)."""
-    match = _C_ERROR.match(text)
-    if match:
-        return verbs_error(match["verb"], int(match["errno"]), match["object"], match["detail"])
-    return OSError(text)
+cdef object error_from_native(const udt_error *e):
+    """The exception for an error of the C transport, from its fields: a VerbsError when a call
+    failed, an OSError with the transport's message when one of its own checks did."""
+    message, call, errno_value, obj, detail = native_error_fields(e)
+    if call:
+        return verbs_error(call, errno_value, obj, detail or None)
+    return OSError(message)
+
 
 
 cdef inline int _verbs_errno(int rc) noexcept nogil:

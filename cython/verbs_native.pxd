@@ -2,7 +2,7 @@
 # native/verbs_probe.c): compiled into ud_transport._verbs only, which links libibverbs.
 from libc.stdint cimport uint8_t, uint32_t
 
-from transport_io cimport udt_transport
+from transport_io cimport udt_error, udt_transport
 
 cdef extern from "verbs_probe.h" nogil:
     int udt_verbs_active_device_count()
@@ -22,4 +22,4 @@ cdef extern from "transport_verbs.h" nogil:
         uint32_t signal_every
         uint32_t spin_us
 
-    udt_transport *udt_verbs_open(const udt_verbs_config *config, char *error, int error_bytes)
+    udt_transport *udt_verbs_open(const udt_verbs_config *config, udt_error *error)

@@ -80,14 +80,14 @@ cdef class VerbsTransport:
              uint32_t send_depth=0, uint32_t recv_depth=0, uint32_t signal_every=0, uint32_t spin_us=20):
         """Open a UD QP on device/port with source GID gid_index (see choose_endpoint) and
         bring it to RTS. max_datagram_bytes=0 takes the port's active MTU."""
-        cdef char error[256]
+        cdef udt_error error
         cdef udt_verbs_config config
         cdef VerbsTransport t = VerbsTransport.__new__(VerbsTransport)
         encoded = device.encode()
         if not 1 <= port <= 255:
             raise verbs_error("ibv_query_port", _errno.EINVAL, f"dev={device} port={port}", "ports are numbered from 1")
         memset(&config, 0, sizeof(config))
-        memset(error, 0, sizeof(error))
+        memset(&error, 0, sizeof(error))
         config.device = encoded
         config.port = <uint8_t>port
         config.gid_index = gid_index
@@ -98,9 +98,9 @@ cdef class VerbsTransport:
         config.signal_every = signal_every
         config.spin_us = spin_us
         with nogil:
-            t.ptr = udt_verbs_open(&config, error, sizeof(error))
+            t.ptr = udt_verbs_open(&config, &error)
         if t.ptr is NULL:
-            raise error_from_native(error.decode(errors="replace"))
+            raise error_from_native(&error)
         fields = unpack_verbs_address(bytes(t.ptr.address[:t.ptr.address_bytes]))
         t.device, t.port, t.gid_index, t.qkey, t.qpn = device, port, gid_index, fields["qkey"], fields["qpn"]
         return t
@@ -116,7 +116,7 @@ cdef class VerbsTransport:
         blob = b"".join(addresses)
         cdef const uint8_t *data = blob
         if udt_transport_set_peers(self.ptr, data, UDT_VERBS_ADDRESS_BYTES, len(addresses)) < 0:
-            raise error_from_native(self.ptr.error.decode(errors="replace"))
+            raise error_from_native(&self.ptr.error)
 
     def send(self, uint32_t peer, bytes header not None, bytes payload=b""):
         """Queue one datagram (header + payload) to a peer; returns 1, or 0 if the send ring is full."""
@@ -129,7 +129,7 @@ cdef class VerbsTransport:
         item.payload_bytes = len(payload)
         rc = udt_transport_send(self.ptr, &item, 1)
         if rc < 0:
-            raise error_from_native(self.ptr.error.decode(errors="replace"))
+            raise error_from_native(&self.ptr.error)
         return rc
 
     def receive(self, int max_items=64, double timeout=0.0):
@@ -144,7 +144,7 @@ cdef class VerbsTransport:
             with nogil:
                 got = udt_transport_recv(self.ptr, items, max_items)
             if got < 0:
-                raise error_from_native(self.ptr.error.decode(errors="replace"))
+                raise error_from_native(&self.ptr.error)
             left = deadline - _seconds()
             if got > 0 or left <= 0:
                 break
@@ -203,7 +203,7 @@ cdef class VerbsTransport:
         finally:
             free(payload)
         if rc < 0:
-            raise error_from_native(self.ptr.error.decode(errors="replace"))
+            raise error_from_native(&self.ptr.error)
         return {"sent": sent, "seconds": elapsed, "ring_full_waits": full_waits}
 
     def stream_receive(self, uint64_t count, uint64_t session_id, double first_timeout=30.0, double idle_timeout=1.0):
@@ -246,6 +246,6 @@ cdef class VerbsTransport:
                         break
                     udt_transport_wait(self.ptr, 10000)
         if got < 0:
-            raise error_from_native(self.ptr.error.decode(errors="replace"))
+            raise error_from_native(&self.ptr.error)
         return {"received": received, "foreign": foreign, "invalid": invalid, "seconds": last - first,
                 "max_index": last_index, "out_of_order": out_of_order}

@@ -40,7 +40,7 @@ static uint64_t monotonic_ns(void)
 
 static int fail(struct udt_comm *comm, int status, const char *message)
 {
-    snprintf(comm->error, sizeof comm->error, "%s", message);
+    udt_error_check(&comm->error, "%s", message);
     return status;
 }
 
@@ -1115,7 +1115,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     rc = grant_credits(c, now, 1);
     if (rc < 0) {
         c->phase = PHASE_IDLE;
-        snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+        comm->error = comm->transport->error;
         return UDT_ERR_TRANSPORT;
     }
     return UDT_OK;
@@ -1242,7 +1242,7 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         rc = udt_call_progress(comm, now, &wake);
         if (rc < 0) {
             comm->call.phase = PHASE_IDLE;
-            snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+            comm->error = comm->transport->error;
             stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
             return UDT_ERR_TRANSPORT;
         }
@@ -1262,7 +1262,7 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         stats->idle_waits++;
         if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0) {
             comm->call.phase = PHASE_IDLE;
-            snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+            comm->error = comm->transport->error;
             return UDT_ERR_TRANSPORT;
         }
     }
@@ -1272,19 +1272,19 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
 /* ---- the communicator ------------------------------------------------------ */
 
 struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
-                                 const struct udt_engine_options *options, char *error, int error_bytes)
+                                 const struct udt_engine_options *options, struct udt_error *error)
 {
     if (world_size == 0 || rank >= world_size || world_size >= UDT_NO_RANK) {
-        snprintf(error, (size_t)error_bytes, "rank %u is not in a world of %u", rank, world_size);
+        udt_error_check(error, "rank %u is not in a world of %u", rank, world_size);
         return NULL;
     }
     if (world_size > UDT_MAX_WORLD) {
-        snprintf(error, (size_t)error_bytes, "world sizes above %d are not supported (got %u)", UDT_MAX_WORLD, world_size);
+        udt_error_check(error, "world sizes above %d are not supported (got %u)", UDT_MAX_WORLD, world_size);
         return NULL;
     }
     uint32_t max_chunk = transport->max_datagram_bytes - UDT_WIRE_HEADER_BYTES;
     if (options->chunk_bytes == 0 || options->chunk_bytes > max_chunk) {
-        snprintf(error, (size_t)error_bytes, "chunk_bytes %u must be between 1 and %u (the transport's datagram size minus the %u-byte header)",
+        udt_error_check(error, "chunk_bytes %u must be between 1 and %u (the transport's datagram size minus the %u-byte header)",
                  options->chunk_bytes, max_chunk, UDT_WIRE_HEADER_BYTES);
         return NULL;
     }
@@ -1303,7 +1303,7 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
             free(comm->block_scratch);
             free(comm);
         }
-        snprintf(error, (size_t)error_bytes, "out of memory");
+        udt_error_check(error, "out of memory");
         return NULL;
     }
     comm->transport = transport;
@@ -1312,7 +1312,7 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
     comm->session_id = session_id;
     comm->options = *options;
     if (options->end_repeats > UDT_MAX_END_REPEATS) {
-        snprintf(error, (size_t)error_bytes, "end_repeats %u must be at most %d", options->end_repeats, UDT_MAX_END_REPEATS);
+        udt_error_check(error, "end_repeats %u must be at most %d", options->end_repeats, UDT_MAX_END_REPEATS);
         free(comm->staging);
         free(comm->peers);
         free(comm->geometry);
@@ -1333,7 +1333,7 @@ int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t
 {
     int rc = udt_transport_set_peers(comm->transport, addresses, address_bytes, comm->world_size);
     if (rc < 0)
-        snprintf(comm->error, sizeof comm->error, "%s", comm->transport->error);
+        comm->error = comm->transport->error;
     return rc;
 }
 
@@ -1352,7 +1352,7 @@ void udt_comm_destroy(struct udt_comm *comm)
     free(comm);
 }
 
-const char *udt_comm_error(const struct udt_comm *comm) { return comm->error; }
+const struct udt_error *udt_comm_error(const struct udt_comm *comm) { return &comm->error; }
 
 int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence)
 {

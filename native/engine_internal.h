@@ -146,7 +146,7 @@ struct udt_comm {
     uint8_t *staging;
     uint8_t headers[SEND_BATCH + 8][UDT_WIRE_HEADER_BYTES];
     struct call call;
-    char error[320];
+    struct udt_error error;
 };
 
 /* engine.c */

@@ -75,10 +75,13 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
         }
         ranks[r].input = malloc((count ? count : 1) * sizeof(double));
         ranks[r].output = malloc((count ? count : 1) * sizeof(double));
-        ranks[r].comm = t ? udt_comm_create(t, r, n, 0x5151u, &options, error, error_bytes) : NULL;
+        struct udt_error create_error = {0};
+        ranks[r].comm = t ? udt_comm_create(t, r, n, 0x5151u, &options, &create_error) : NULL;
         if (!ranks[r].comm || !ranks[r].input || !ranks[r].output) {
-            if (t && !ranks[r].comm)
+            if (t && !ranks[r].comm) {
                 udt_transport_destroy(t);
+                snprintf(error, (size_t)error_bytes, "%s", create_error.message);
+            }
             release(ranks, n, net, signal);
             if (!t)
                 snprintf(error, (size_t)error_bytes, "out of memory");
@@ -112,7 +115,7 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
             args.input = ranks[r].input;
             args.output = ranks[r].output;
             if (udt_call_start(ranks[r].comm, &args, &ranks[r].stats, now) != UDT_OK) {
-                snprintf(error, (size_t)error_bytes, "rank %u: %s", r, udt_comm_error(ranks[r].comm));
+                snprintf(error, (size_t)error_bytes, "rank %u: %s", r, udt_comm_error(ranks[r].comm)->message);
                 release(ranks, n, net, signal);
                 return -1;
             }

@@ -15,6 +15,8 @@
 
 #include <stdint.h>
 
+#include "error.h"
+
 #define UDT_ADDRESS_MAX 64
 
 struct udt_send_item {
@@ -50,7 +52,7 @@ struct udt_transport {
     uint64_t counter_injected_drops; /* filled by the loss-injection wrapper */
     uint64_t counter_receive_overflows; /* datagrams the kernel dropped at our socket, its receive queue full
                                          * (UDP: SO_RXQ_OVFL, as reported with the next datagram received) */
-    char error[256];
+    struct udt_error error; /* of the last failed operation */
 };
 
 static inline int udt_transport_set_peers(struct udt_transport *t, const uint8_t *a, uint32_t b, uint32_t n) { return t->ops->set_peers(t, a, b, n); }
@@ -71,7 +73,7 @@ static inline void udt_transport_destroy(struct udt_transport *t) { if (t) t->op
  * size go out as one UDP GSO message (UDP_SEGMENT), and the socket takes GRO
  * receives (UDP_GRO), split back into datagrams by recv_batch. Environment:
  * UD_UDP_GSO=0 / UD_UDP_GRO=0 turn either off when the transport opens. */
-struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes);
+struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, struct udt_error *error);
 
 /* What a UDP transport is doing (udt_udp_features). The functions below take
  * the UDP transport itself, not a loss-injection wrapper around it; given

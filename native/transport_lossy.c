@@ -44,7 +44,7 @@ static int lossy_set_peers(struct udt_transport *t, const uint8_t *a, uint32_t b
     struct lossy_transport *l = (struct lossy_transport *)t;
     int rc = udt_transport_set_peers(l->inner, a, b, n);
     if (rc < 0)
-        memcpy(t->error, l->inner->error, sizeof t->error);
+        t->error = l->inner->error;
     return rc;
 }
 
@@ -53,7 +53,7 @@ static int lossy_send(struct udt_transport *t, const struct udt_send_item *items
     struct lossy_transport *l = (struct lossy_transport *)t;
     int rc = udt_transport_send(l->inner, items, count);
     if (rc < 0)
-        memcpy(t->error, l->inner->error, sizeof t->error);
+        t->error = l->inner->error;
     return rc;
 }
 
@@ -63,7 +63,7 @@ static int lossy_recv(struct udt_transport *t, struct udt_recv_item *items, int 
     int got = udt_transport_recv(l->inner, items, max_items);
     t->counter_receive_overflows = l->inner->counter_receive_overflows;
     if (got < 0) {
-        memcpy(t->error, l->inner->error, sizeof t->error);
+        t->error = l->inner->error;
         return got;
     }
     int kept = 0;

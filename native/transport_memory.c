@@ -63,12 +63,12 @@ static int memory_send(struct udt_transport *t, const struct udt_send_item *item
     struct udt_memory_network *net = m->network;
     for (int i = 0; i < count; i++) {
         if (items[i].peer >= net->world_size || items[i].header_bytes + items[i].payload_bytes > net->max_datagram_bytes) {
-            snprintf(t->error, sizeof t->error, "memory transport: bad send to %u (%u bytes)", items[i].peer,
+            udt_error_check(&t->error, "memory transport: bad send to %u (%u bytes)", items[i].peer,
                      items[i].header_bytes + items[i].payload_bytes);
             return -22;
         }
         if (queue_push(&net->queues[items[i].peer], net->slot_bytes, m->rank, &items[i]) != 0) {
-            snprintf(t->error, sizeof t->error, "memory transport: out of memory");
+            udt_error_check(&t->error, "memory transport: out of memory");
             return -12;
         }
     }

@@ -154,7 +154,7 @@ static int udp_set_peers(struct udt_transport *t, const uint8_t *addresses, uint
 {
     struct udp_transport *u = (struct udp_transport *)t;
     if (address_bytes != 6) {
-        snprintf(t->error, sizeof t->error, "udp: peer address must be 6 bytes (IPv4 + port), got %u", address_bytes);
+        udt_error_check(&t->error, "udp: peer address must be 6 bytes (IPv4 + port), got %u", address_bytes);
         return -EINVAL;
     }
     struct sockaddr_in *peers = calloc(count ? count : 1, sizeof *peers);
@@ -249,12 +249,19 @@ static int build_messages(struct udp_transport *u, const struct udt_send_item *i
     return messages;
 }
 
+
+/* A socket call failed: name the socket by the address it is bound to. */
+static void udp_call_failed(struct udp_transport *u, const char *call, int err)
+{
+    const uint8_t *a = u->base.address;
+    udt_error_call(&u->base.error, call, err, NULL, "udp %u.%u.%u.%u:%u", a[0], a[1], a[2], a[3], (unsigned)(a[4] << 8 | a[5]));
+}
 static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *items, int count)
 {
     struct udp_transport *u = (struct udp_transport *)t;
     for (int i = 0; i < count; i++) {
         if (items[i].peer >= u->peer_count) {
-            snprintf(t->error, sizeof t->error, "udp: send to unknown peer %u", items[i].peer);
+            udt_error_check(&t->error, "udp: send to unknown peer %u", items[i].peer);
             return -EINVAL;
         }
     }
@@ -283,7 +290,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
                 done += (int)u->send_items_in[0];
                 continue;
             }
-            snprintf(t->error, sizeof t->error, "udp: sendmmsg failed: %s (%d)", strerror(error), error);
+            udp_call_failed(u, "sendmmsg", error);
             return -error;
         }
         for (int i = 0; i < sent; i++) {
@@ -364,7 +371,7 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
     if (got < 0) {
         if (errno == EAGAIN || errno == EINTR || errno == ECONNREFUSED)
             return 0;
-        snprintf(t->error, sizeof t->error, "udp: recvmmsg failed: %s (%d)", strerror(errno), errno);
+        udp_call_failed(u, "recvmmsg", errno);
         return -errno;
     }
     if (got > 0)
@@ -509,26 +516,26 @@ int udt_udp_describe(const struct udt_transport *t, char *text, int text_bytes)
                     u->receive_buffer_asked, u->send_buffer_bytes, u->base.max_datagram_bytes);
 }
 
-struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, char *error, int error_bytes)
+struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, struct udt_error *error)
 {
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, bind_ipv4, &address.sin_addr) != 1) {
-        snprintf(error, (size_t)error_bytes, "udp: bind address %s is not an IPv4 address", bind_ipv4);
+        udt_error_check(error, "udp: bind address %s is not an IPv4 address", bind_ipv4);
         return NULL;
     }
     if (address.sin_addr.s_addr == htonl(INADDR_ANY)) {
-        snprintf(error, (size_t)error_bytes, "udp: bind to a specific address, not 0.0.0.0: peers need an address to send to");
+        udt_error_check(error, "udp: bind to a specific address, not 0.0.0.0: peers need an address to send to");
         return NULL;
     }
     struct udp_transport *u = calloc(1, sizeof *u);
     if (!u) {
-        snprintf(error, (size_t)error_bytes, "udp: out of memory");
+        udt_error_call(error, "calloc", ENOMEM, NULL, "udp transport of %zu bytes", sizeof *u);
         return NULL;
     }
     u->base.ops = &udp_ops;
     u->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0) {
-        snprintf(error, (size_t)error_bytes, "udp: socket failed: %s (%d)", strerror(errno), errno);
+        udt_error_call(error, "socket", errno, NULL, "AF_INET SOCK_DGRAM");
         free(u);
         return NULL;
     }
@@ -544,7 +551,8 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
     if (setsockopt(u->fd, SOL_SOCKET, SO_RXQ_OVFL, &on, sizeof on) == 0)
         u->features |= UDT_UDP_DROPS_COUNTED;
     if (bind(u->fd, (struct sockaddr *)&address, sizeof address) != 0) {
-        snprintf(error, (size_t)error_bytes, "udp: bind %s:%u failed: %s (%d)", bind_ipv4, port, strerror(errno), errno);
+        udt_error_call(error, "bind", errno, errno == EADDRINUSE ? "the port is taken; pass port 0 to pick a free one" : NULL, "udp %s:%u",
+                       bind_ipv4, port);
         close(u->fd);
         free(u);
         return NULL;
@@ -561,7 +569,7 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
 
     u->recv_buffers = malloc((size_t)UDP_RECV_SLOTS * UDP_SLOT_BYTES);
     if (!u->recv_buffers) {
-        snprintf(error, (size_t)error_bytes, "udp: out of memory for receive slots");
+        udt_error_call(error, "malloc", ENOMEM, NULL, "udp receive slots, %d bytes", UDP_RECV_SLOTS * UDP_SLOT_BYTES);
         udp_destroy(&u->base);
         return NULL;
     }

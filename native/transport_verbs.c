@@ -83,25 +83,6 @@ struct verbs_transport {
     uint64_t receive_errors; /* receive completions with an error status */
 };
 
-/* ---- errors: "verb failed: NAME (N) [object]" ------------------------------ */
-
-static const char *errno_name(int err)
-{
-    const char *name = strerrorname_np(err);
-    return name ? name : "E?";
-}
-
-static void verbs_fail_detail(char *out, size_t out_bytes, const char *verb, int err, const char *detail, const char *format, ...)
-{
-    char object[160];
-    va_list args;
-    va_start(args, format);
-    vsnprintf(object, sizeof object, format, args);
-    va_end(args);
-    snprintf(out, out_bytes, "%s failed: %s (%d) [%s]%s%s", verb, errno_name(err), err, object, detail ? ": " : "", detail ? detail : "");
-}
-#define verbs_fail(out, out_bytes, verb, err, ...) verbs_fail_detail(out, out_bytes, verb, err, NULL, __VA_ARGS__)
-
 /* libibverbs reports errors either as a positive return value or through errno. */
 static int verbs_errno(int rc) { return rc > 0 ? rc : (errno ? errno : EIO); }
 
@@ -140,7 +121,7 @@ static int verbs_set_peers(struct udt_transport *t, const uint8_t *addresses, ui
 {
     struct verbs_transport *v = (struct verbs_transport *)t;
     if (address_bytes != UDT_VERBS_ADDRESS_BYTES) {
-        snprintf(t->error, sizeof t->error, "verbs: peer address must be %u bytes (GID, QPN, LID, Q_Key), got %u: "
+        udt_error_check(&t->error, "verbs: peer address must be %u bytes (GID, QPN, LID, Q_Key), got %u: "
                  "are all ranks using the verbs transport?", UDT_VERBS_ADDRESS_BYTES, address_bytes);
         return -EINVAL;
     }
@@ -169,7 +150,7 @@ static int verbs_set_peers(struct udt_transport *t, const uint8_t *addresses, ui
             char gid_text[48];
             snprintf(gid_text, sizeof gid_text, "%02x%02x:%02x%02x:...:%02x%02x:%02x%02x", p->gid[0], p->gid[1], p->gid[2], p->gid[3],
                      p->gid[12], p->gid[13], p->gid[14], p->gid[15]);
-            verbs_fail(t->error, sizeof t->error, "ibv_create_ah", err, "dev=%s port=%u gid_index=%d peer=%u dgid=%s", v->device_name,
+            udt_error_call(&t->error, "ibv_create_ah", err, NULL, "dev=%s port=%u gid_index=%d peer=%u dgid=%s", v->device_name,
                        v->port, v->gid_index, i, gid_text);
             for (uint32_t j = 0; j < i; j++)
                 ibv_destroy_ah(peers[j].ah);
@@ -250,12 +231,12 @@ static int reclaim_sends(struct verbs_transport *v)
     for (;;) {
         int got = ibv_poll_cq(v->send_cq, POLL_BATCH, wc);
         if (got < 0) {
-            verbs_fail(v->base.error, sizeof v->base.error, "ibv_poll_cq", EIO, "send cq, dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+            udt_error_call(&v->base.error, "ibv_poll_cq", EIO, NULL, "send cq, dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
             return -EIO;
         }
         for (int i = 0; i < got; i++) {
             if (wc[i].status != IBV_WC_SUCCESS) {
-                snprintf(v->base.error, sizeof v->base.error, "verbs: send completed with %s (wc status %d, vendor error 0x%x) [dev=%s qpn=0x%x]",
+                udt_error_check(&v->base.error, "verbs: send completed with %s (wc status %d, vendor error 0x%x) [dev=%s qpn=0x%x]",
                          ibv_wc_status_str(wc[i].status), wc[i].status, wc[i].vendor_err, v->device_name, v->qp->qp_num);
                 return -EIO;
             }
@@ -290,12 +271,12 @@ static int verbs_send_batch(struct udt_transport *t, const struct udt_send_item 
             const struct udt_send_item *item = &items[done + i];
             uint32_t bytes = item->header_bytes + item->payload_bytes;
             if (item->peer >= v->peer_count) {
-                snprintf(t->error, sizeof t->error, "verbs: send to unknown peer %u (%u peers)", item->peer, v->peer_count);
+                udt_error_check(&t->error, "verbs: send to unknown peer %u (%u peers)", item->peer, v->peer_count);
                 return done ? done : -EINVAL;
             }
             if (bytes > v->base.max_datagram_bytes) {
                 /* a UD send above the path MTU would complete "successfully" and send nothing */
-                snprintf(t->error, sizeof t->error, "verbs: datagram of %u bytes exceeds the %u-byte MTU [dev=%s port=%u]", bytes,
+                udt_error_check(&t->error, "verbs: datagram of %u bytes exceeds the %u-byte MTU [dev=%s port=%u]", bytes,
                          v->base.max_datagram_bytes, v->device_name, v->port);
                 return done ? done : -EMSGSIZE;
             }
@@ -324,7 +305,7 @@ static int verbs_send_batch(struct udt_transport *t, const struct udt_send_item 
             int posted = bad ? (int)(bad - wrs) : 0;
             v->send_head += (uint64_t)posted;
             done += posted;
-            verbs_fail(t->error, sizeof t->error, "ibv_post_send", verbs_errno(rc), "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+            udt_error_call(&t->error, "ibv_post_send", verbs_errno(rc), NULL, "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
             return done ? done : -verbs_errno(rc);
         }
         v->send_head += (uint64_t)n;
@@ -351,7 +332,7 @@ static int post_receives(struct verbs_transport *v, const uint32_t *slots, uint3
         struct ibv_recv_wr *bad = NULL;
         int rc = ibv_post_recv(v->qp, wrs, &bad);
         if (rc) {
-            verbs_fail(v->base.error, sizeof v->base.error, "ibv_post_recv", verbs_errno(rc), "dev=%s qpn=0x%x", v->device_name,
+            udt_error_call(&v->base.error, "ibv_post_recv", verbs_errno(rc), NULL, "dev=%s qpn=0x%x", v->device_name,
                        v->qp->qp_num);
             return -verbs_errno(rc);
         }
@@ -368,7 +349,7 @@ static int fill_stash(struct verbs_transport *v)
     v->stash_head = 0;
     int got = ibv_poll_cq(v->recv_cq, POLL_BATCH, v->stash);
     if (got < 0) {
-        verbs_fail(v->base.error, sizeof v->base.error, "ibv_poll_cq", EIO, "recv cq, dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+        udt_error_call(&v->base.error, "ibv_poll_cq", EIO, NULL, "recv cq, dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
         return -EIO;
     }
     v->stash_count = (uint32_t)got;
@@ -398,7 +379,7 @@ static int verbs_recv_batch(struct udt_transport *t, struct udt_recv_item *items
         if (wc->status != IBV_WC_SUCCESS) {
             v->receive_errors++;
             if (wc->status == IBV_WC_WR_FLUSH_ERR) {
-                snprintf(t->error, sizeof t->error, "verbs: the QP went to the error state, receives flushed [dev=%s qpn=0x%x]",
+                udt_error_check(&t->error, "verbs: the QP went to the error state, receives flushed [dev=%s qpn=0x%x]",
                          v->device_name, v->qp->qp_num);
                 return -EIO;
             }
@@ -456,7 +437,7 @@ static int verbs_wait(struct udt_transport *t, int timeout_us)
             return rc < 0 ? rc : 0;
     /* Arm, then look again: a completion that came before the arm raises no event. */
     if (ibv_req_notify_cq(v->recv_cq, 0) || (v->send_blocked && ibv_req_notify_cq(v->send_cq, 0))) {
-        verbs_fail(t->error, sizeof t->error, "ibv_req_notify_cq", verbs_errno(-1), "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+        udt_error_call(&t->error, "ibv_req_notify_cq", verbs_errno(-1), NULL, "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
         return -EIO;
     }
     if ((rc = ready(v)) != 0)
@@ -470,7 +451,7 @@ static int verbs_wait(struct udt_transport *t, int timeout_us)
     if (n < 0 && errno != EINTR)
         return -errno;
     if (n > 0 && (rc = consume_events(v)) < 0) {
-        verbs_fail(t->error, sizeof t->error, "ibv_get_cq_event", -rc, "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+        udt_error_call(&t->error, "ibv_get_cq_event", -rc, NULL, "dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
         return rc;
     }
     return 0;
@@ -516,14 +497,14 @@ static const struct udt_transport_ops verbs_ops = {
     .destroy = verbs_destroy,
 };
 
-static int open_device(struct verbs_transport *v, const char *name, char *error, size_t error_bytes)
+static int open_device(struct verbs_transport *v, const char *name, struct udt_error *error)
 {
     int count = 0;
     errno = 0;
     struct ibv_device **devices = ibv_get_device_list(&count);
     if (!devices) {
         int err = errno ? errno : ENODEV;
-        verbs_fail_detail(error, error_bytes, "ibv_get_device_list", err, err == ENOSYS ? "this kernel has no RDMA support" : NULL, "dev=%s", name);
+        udt_error_call(error, "ibv_get_device_list", err, err == ENOSYS ? "this kernel has no RDMA support" : NULL, "dev=%s", name);
         return -err;
     }
     char names[128] = "", detail[160];
@@ -533,7 +514,7 @@ static int open_device(struct verbs_transport *v, const char *name, char *error,
             v->context = ibv_open_device(devices[i]);
             if (!v->context) {
                 int err = verbs_errno(-1);
-                verbs_fail(error, error_bytes, "ibv_open_device", err, "dev=%s", name);
+                udt_error_call(error, "ibv_open_device", err, NULL, "dev=%s", name);
                 ibv_free_device_list(devices);
                 return -err;
             }
@@ -545,32 +526,32 @@ static int open_device(struct verbs_transport *v, const char *name, char *error,
     ibv_free_device_list(devices);
     if (!v->context) {
         snprintf(detail, sizeof detail, "no such device; devices here: %s", count ? names : "none");
-        verbs_fail_detail(error, error_bytes, "ibv_open_device", ENODEV, detail, "dev=%s", name);
+        udt_error_call(error, "ibv_open_device", ENODEV, detail, "dev=%s", name);
         return -ENODEV;
     }
     return 0;
 }
 
-static int to_rts(struct verbs_transport *v, char *error, size_t error_bytes)
+static int to_rts(struct verbs_transport *v, struct udt_error *error)
 {
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = v->port, .qkey = v->qkey};
     int rc = ibv_modify_qp(v->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
     if (rc) {
-        verbs_fail(error, error_bytes, "ibv_modify_qp", verbs_errno(rc), "RESET->INIT dev=%s port=%u qpn=0x%x qkey=0x%x", v->device_name,
+        udt_error_call(error, "ibv_modify_qp", verbs_errno(rc), NULL, "RESET->INIT dev=%s port=%u qpn=0x%x qkey=0x%x", v->device_name,
                    v->port, v->qp->qp_num, v->qkey);
         return -1;
     }
     memset(&attr, 0, sizeof attr);
     attr.qp_state = IBV_QPS_RTR;
     if ((rc = ibv_modify_qp(v->qp, &attr, IBV_QP_STATE))) {
-        verbs_fail(error, error_bytes, "ibv_modify_qp", verbs_errno(rc), "INIT->RTR dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+        udt_error_call(error, "ibv_modify_qp", verbs_errno(rc), NULL, "INIT->RTR dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
         return -1;
     }
     memset(&attr, 0, sizeof attr);
     attr.qp_state = IBV_QPS_RTS;
     attr.sq_psn = 0;
     if ((rc = ibv_modify_qp(v->qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN))) {
-        verbs_fail(error, error_bytes, "ibv_modify_qp", verbs_errno(rc), "RTR->RTS dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
+        udt_error_call(error, "ibv_modify_qp", verbs_errno(rc), NULL, "RTR->RTS dev=%s qpn=0x%x", v->device_name, v->qp->qp_num);
         return -1;
     }
     return 0;
@@ -578,20 +559,19 @@ static int to_rts(struct verbs_transport *v, char *error, size_t error_bytes)
 
 static uint32_t clamp(uint32_t value, uint32_t low, uint32_t high) { return value < low ? low : value > high ? high : value; }
 
-struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char *error, int error_bytes)
+struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, struct udt_error *error)
 {
-    size_t eb = (size_t)error_bytes;
     if (!config->device || !config->device[0] || config->port == 0 || config->gid_index < 0) {
-        snprintf(error, eb, "verbs: device, port and gid_index must be given (the Python layer chooses them)");
+        udt_error_check(error, "verbs: device, port and gid_index must be given (the Python layer chooses them)");
         return NULL;
     }
     if (config->qkey & 0x80000000u) {
-        snprintf(error, eb, "verbs: Q_Key 0x%x has the high bit set (privileged); use one below 0x80000000", config->qkey);
+        udt_error_check(error, "verbs: Q_Key 0x%x has the high bit set (privileged); use one below 0x80000000", config->qkey);
         return NULL;
     }
     struct verbs_transport *v = calloc(1, sizeof *v);
     if (!v) {
-        snprintf(error, eb, "verbs: out of memory");
+        udt_error_check(error, "verbs: out of memory");
         return NULL;
     }
     v->base.ops = &verbs_ops;
@@ -601,33 +581,33 @@ struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char
     v->qkey = config->qkey;
     v->spin_us = config->spin_us;
     v->last_peer_hit = -1;
-    if (open_device(v, config->device, error, eb) < 0)
+    if (open_device(v, config->device, error) < 0)
         goto fail;
 
     struct ibv_device_attr device_attr;
     int rc = ibv_query_device(v->context, &device_attr);
     if (rc) {
-        verbs_fail(error, eb, "ibv_query_device", verbs_errno(rc), "dev=%s", v->device_name);
+        udt_error_call(error, "ibv_query_device", verbs_errno(rc), NULL, "dev=%s", v->device_name);
         goto fail;
     }
     struct ibv_port_attr port_attr;
     if ((rc = ibv_query_port(v->context, v->port, &port_attr))) {
         char detail[64];
         snprintf(detail, sizeof detail, "the device has %u port%s", device_attr.phys_port_cnt, device_attr.phys_port_cnt == 1 ? "" : "s");
-        verbs_fail_detail(error, eb, "ibv_query_port", verbs_errno(rc), detail, "dev=%s port=%u", v->device_name, v->port);
+        udt_error_call(error, "ibv_query_port", verbs_errno(rc), detail, "dev=%s port=%u", v->device_name, v->port);
         goto fail;
     }
     if (port_attr.state != IBV_PORT_ACTIVE) {
         char detail[64];
         snprintf(detail, sizeof detail, "port is not active (state %s)", ibv_port_state_str(port_attr.state));
-        verbs_fail_detail(error, eb, "ibv_query_port", ENETDOWN, detail, "dev=%s port=%u", v->device_name, v->port);
+        udt_error_call(error, "ibv_query_port", ENETDOWN, detail, "dev=%s port=%u", v->device_name, v->port);
         goto fail;
     }
     struct ibv_gid_entry gid_entry;
     if ((rc = ibv_query_gid_ex(v->context, v->port, (uint32_t)v->gid_index, &gid_entry, 0))) {
         char detail[64];
         snprintf(detail, sizeof detail, "no such GID table entry (table size %d)", port_attr.gid_tbl_len);
-        verbs_fail_detail(error, eb, "ibv_query_gid_ex", verbs_errno(rc), detail, "dev=%s port=%u gid_index=%d", v->device_name, v->port,
+        udt_error_call(error, "ibv_query_gid_ex", verbs_errno(rc), detail, "dev=%s port=%u gid_index=%d", v->device_name, v->port,
                           v->gid_index);
         goto fail;
     }
@@ -636,13 +616,13 @@ struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char
 
     uint32_t mtu = mtu_bytes(port_attr.active_mtu);
     if (config->max_datagram_bytes > mtu) {
-        snprintf(error, eb, "verbs: max_datagram_bytes %u exceeds the port's active MTU %u [dev=%s port=%u]", config->max_datagram_bytes,
+        udt_error_check(error, "verbs: max_datagram_bytes %u exceeds the port's active MTU %u [dev=%s port=%u]", config->max_datagram_bytes,
                  mtu, v->device_name, v->port);
         goto fail;
     }
     v->base.max_datagram_bytes = config->max_datagram_bytes ? config->max_datagram_bytes : mtu;
     if (v->base.max_datagram_bytes < 64) {
-        snprintf(error, eb, "verbs: max_datagram_bytes %u is too small (at least 64)", v->base.max_datagram_bytes);
+        udt_error_check(error, "verbs: max_datagram_bytes %u is too small (at least 64)", v->base.max_datagram_bytes);
         goto fail;
     }
 
@@ -655,24 +635,24 @@ struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char
     v->recv_slot_bytes = ((GRH_BYTES + v->base.max_datagram_bytes) + 63u) & ~63u;
 
     if (!(v->pd = ibv_alloc_pd(v->context))) {
-        verbs_fail(error, eb, "ibv_alloc_pd", verbs_errno(-1), "dev=%s", v->device_name);
+        udt_error_call(error, "ibv_alloc_pd", verbs_errno(-1), NULL, "dev=%s", v->device_name);
         goto fail;
     }
     if (!(v->channel = ibv_create_comp_channel(v->context))) {
-        verbs_fail(error, eb, "ibv_create_comp_channel", verbs_errno(-1), "dev=%s", v->device_name);
+        udt_error_call(error, "ibv_create_comp_channel", verbs_errno(-1), NULL, "dev=%s", v->device_name);
         goto fail;
     }
     int flags = fcntl(v->channel->fd, F_GETFL);
     if (flags < 0 || fcntl(v->channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-        verbs_fail(error, eb, "fcntl", errno, "completion channel fd of dev=%s", v->device_name);
+        udt_error_call(error, "fcntl", errno, NULL, "completion channel fd of dev=%s", v->device_name);
         goto fail;
     }
     if (!(v->send_cq = ibv_create_cq(v->context, (int)v->send_depth, NULL, v->channel, 0))) {
-        verbs_fail(error, eb, "ibv_create_cq", verbs_errno(-1), "dev=%s cqe=%u (send)", v->device_name, v->send_depth);
+        udt_error_call(error, "ibv_create_cq", verbs_errno(-1), NULL, "dev=%s cqe=%u (send)", v->device_name, v->send_depth);
         goto fail;
     }
     if (!(v->recv_cq = ibv_create_cq(v->context, (int)v->recv_depth, NULL, v->channel, 0))) {
-        verbs_fail(error, eb, "ibv_create_cq", verbs_errno(-1), "dev=%s cqe=%u (recv)", v->device_name, v->recv_depth);
+        udt_error_call(error, "ibv_create_cq", verbs_errno(-1), NULL, "dev=%s cqe=%u (recv)", v->device_name, v->recv_depth);
         goto fail;
     }
     struct ibv_qp_init_attr qp_attr = {
@@ -683,30 +663,30 @@ struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char
         .sq_sig_all = 0,
     };
     if (!(v->qp = ibv_create_qp(v->pd, &qp_attr))) {
-        verbs_fail(error, eb, "ibv_create_qp", verbs_errno(-1), "dev=%s type=UD send_wr=%u recv_wr=%u", v->device_name, v->send_depth,
+        udt_error_call(error, "ibv_create_qp", verbs_errno(-1), NULL, "dev=%s type=UD send_wr=%u recv_wr=%u", v->device_name, v->send_depth,
                    v->recv_depth);
         goto fail;
     }
-    if (to_rts(v, error, eb) < 0)
+    if (to_rts(v, error) < 0)
         goto fail;
 
     size_t send_bytes = (size_t)v->send_depth * v->send_slot_bytes, recv_bytes = (size_t)v->recv_depth * v->recv_slot_bytes;
     if (posix_memalign((void **)&v->send_buffer, 4096, send_bytes) || posix_memalign((void **)&v->recv_buffer, 4096, recv_bytes) ||
         !(v->repost = calloc(v->recv_depth, sizeof *v->repost)) || !(v->stash = calloc(POLL_BATCH, sizeof *v->stash))) {
-        snprintf(error, eb, "verbs: out of memory for %zu + %zu bytes of rings", send_bytes, recv_bytes);
+        udt_error_check(error, "verbs: out of memory for %zu + %zu bytes of rings", send_bytes, recv_bytes);
         goto fail;
     }
     memset(v->send_buffer, 0, send_bytes);
     if (!(v->send_mr = ibv_reg_mr(v->pd, v->send_buffer, send_bytes, IBV_ACCESS_LOCAL_WRITE))) {
-        verbs_fail(error, eb, "ibv_reg_mr", verbs_errno(-1), "dev=%s send ring %zu bytes", v->device_name, send_bytes);
+        udt_error_call(error, "ibv_reg_mr", verbs_errno(-1), NULL, "dev=%s send ring %zu bytes", v->device_name, send_bytes);
         goto fail;
     }
     if (!(v->recv_mr = ibv_reg_mr(v->pd, v->recv_buffer, recv_bytes, IBV_ACCESS_LOCAL_WRITE))) {
-        verbs_fail(error, eb, "ibv_reg_mr", verbs_errno(-1), "dev=%s receive ring %zu bytes", v->device_name, recv_bytes);
+        udt_error_call(error, "ibv_reg_mr", verbs_errno(-1), NULL, "dev=%s receive ring %zu bytes", v->device_name, recv_bytes);
         goto fail;
     }
     if (post_receives(v, NULL, v->recv_depth) < 0) {
-        snprintf(error, eb, "%s", v->base.error);
+        *error = v->base.error;
         goto fail;
     }
 

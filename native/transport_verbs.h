@@ -22,6 +22,6 @@ struct udt_verbs_config {
     uint32_t signal_every;       /* one signalled send per this many (0 = 32) */
     uint32_t spin_us;            /* wait() polls this long before sleeping on the completion channel */
 };
-struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, char *error, int error_bytes);
+struct udt_transport *udt_verbs_open(const struct udt_verbs_config *config, struct udt_error *error);
 
 #endif

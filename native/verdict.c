@@ -287,21 +287,21 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
         if (blamed < c->n && comm->peers[blamed].heard)
-            snprintf(comm->error, sizeof comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
+            udt_error_check(&comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
                      blamed, c->args.deadline_s);
         else
-            snprintf(comm->error, sizeof comm->error, "rank %u did not join the call within the %.1f s join timeout", blamed,
+            udt_error_check(&comm->error, "rank %u did not join the call within the %.1f s join timeout", blamed,
                      comm->options.join_timeout_ms * 1e-3);
         c->status = UDT_ERR_PEER_TIMEOUT;
     } else if (severity == CAUSE_LAYOUT) {
         c->mismatched_rank = (int32_t)blamed;
-        snprintf(comm->error, sizeof comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
+        udt_error_check(&comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
         c->status = UDT_ERR_LAYOUT_MISMATCH;
     } else if (severity != CAUSE_NONE) {
-        snprintf(comm->error, sizeof comm->error, "rank %u failed with a transport error", blamed);
+        udt_error_check(&comm->error, "rank %u failed with a transport error", blamed);
         c->status = UDT_ERR_TRANSPORT;
     } else if (1.0 - st->reduce_fraction > combined.loss_budget + 1e-12 || 1.0 - st->gather_fraction > combined.loss_budget + 1e-12) {
-        snprintf(comm->error, sizeof comm->error,
+        udt_error_check(&comm->error,
                  "%.2f%% of contributions missing at their owners and %.2f%% of some rank's result stale; budget %.2f%%",
                  100.0 * (1.0 - st->reduce_fraction), 100.0 * (1.0 - st->gather_fraction), 100.0 * combined.loss_budget);
         c->status = UDT_ERR_LOSS_BUDGET;

@@ -1,6 +1,6 @@
 # Stubs for the compiled engine extension (cython/_native.pyx; no RDMA: the verbs bindings are in
 # _verbs.pyi). tests/test_packaging.py checks that the names match the module's exports.
-from typing import Any
+from typing import Any, NamedTuple
 
 HEADER_BYTES: int
 WIRE_MAGIC: int
@@ -19,6 +19,20 @@ UDP_GRO: int
 UDP_RCVBUF_FORCED: int
 UDP_GSO_REFUSED: int
 UDP_DROPS_COUNTED: int
+
+class NativeError(NamedTuple):  # an error of the C layer as values (native/error.h)
+    message: str
+    call: str  # "" when a check of the library failed
+    errno: int  # 0 when none applies
+    object: str
+    detail: str
+
+class NativeCallError(OSError):
+    call: str
+    object: str
+    detail: str
+    message: str
+    def __init__(self, call: str, errno_value: int, obj: str, detail: str, message: str) -> None: ...
 
 class Transport:
     @staticmethod
@@ -61,7 +75,7 @@ class Engine:
     def set_sequence(self, sequence: int) -> None: ...
     def run(self, collective: int, algorithm: int, input: int, output: int, count: int, dtype: int, op: int,
             estimator: int, root: int, agree_value: int, loss_budget: float,
-            deadline_s: float) -> tuple[int, dict[str, Any], str]: ...
+            deadline_s: float) -> tuple[int, dict[str, Any], NativeError | None]: ...
     def close(self) -> None: ...
 
 def block_start(count: int, world_size: int, block: int) -> int: ...

@@ -92,7 +92,7 @@ class Communicator:
             self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
             self.close()
-            raise TransportError(str(error)) from error
+            raise TransportError.caused_by(str(error), error) from error
         self.chunk_bytes = chunk_bytes
         log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s", rank, world_size, self.transport_name,
                  chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "")
@@ -186,7 +186,7 @@ class Communicator:
                 raise TransportError("communicator is closed")
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            status, raw, message = self._engine.run(
+            status, raw, native_error = self._engine.run(
                 collective, algorithms.CODES[algorithm_name], source.address if source else 0,
                 target.address if target else 0, count, target.dtype_code if target else 0, op_value, estimator_value,
                 root, agree_value, budget, deadline_s)
@@ -198,6 +198,7 @@ class Communicator:
                         "(receive buffer %d bytes, window %d bytes): lower window_bytes, or raise net.core.rmem_max "
                         "(sysctl -w net.core.rmem_max=67108864)", self.rank, stats.receive_overflow_drops,
                         self.receive_buffer_bytes, self.window_bytes)
+        message = native_error.message if native_error is not None else ""
         if status == _native.STATUS_OK:
             if target is not None and collective != _native.COLLECTIVE_AGREE:
                 target.written()
@@ -212,7 +213,7 @@ class Communicator:
             raise LayoutMismatch(f"rank {self.rank}: {message}", stats.mismatched_rank, stats)
         if status == _native.STATUS_INVALID_ARGUMENT:
             raise ValueError(message)
-        raise TransportError(f"rank {self.rank}: {message}")
+        raise TransportError.caused_by(f"rank {self.rank}: {message}", native_error)
 
     # -- lifetime ---------------------------------------------------------
 

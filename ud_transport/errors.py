@@ -2,7 +2,25 @@
 
 
 class TransportError(RuntimeError):
-    """Base class: a collective could not complete."""
+    """Base class: a collective could not complete.
+
+    When a system or libibverbs call failed underneath, `call` names it ("bind",
+    "ibv_post_send"), `errno` is its errno and `object` what it was called on, as
+    the C layer reported them; otherwise the three are None."""
+
+    call = None
+    errno = None
+    object = None
+
+    @classmethod
+    def caused_by(cls, message, cause):
+        """This error with the failed call's fields taken from `cause` (a NativeError,
+        an OSError of the native layer, or anything without them)."""
+        error = cls(message)
+        call = getattr(cause, "call", None)
+        if call:
+            error.call, error.errno, error.object = call, getattr(cause, "errno", None), getattr(cause, "object", None)
+        return error
 
 
 class LossBudgetExceeded(TransportError):

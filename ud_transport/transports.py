@@ -164,7 +164,7 @@ def open_verbs(bind_address, options, session_id):
                                                 send_depth=min(SEND_DEPTH, endpoint["max_queue_depth"]),
                                                 recv_depth=depth)
     except OSError as error:
-        raise TransportError(f"verbs transport: {error}") from error
+        raise TransportError.caused_by(f"verbs transport: {error}", error) from error
     log.info("verbs: %s port %d gid_index %d (%s %s), qpn 0x%x, qkey 0x%x, datagrams of %d bytes (active MTU %d), "
              "%d receives posted", endpoint["device"], endpoint["port"], endpoint["gid_index"], endpoint["gid_type"],
              verbs.format_gid(endpoint["gid"]), transport.qpn, qkey, datagram, mtu, depth)
@@ -179,7 +179,7 @@ def open_transport(name, bind_address, options, rank, session_id):
         try:
             transport = _native.Transport.udp(bind_address, 0, options.socket_buffer_bytes)
         except OSError as error:
-            raise TransportError(str(error)) from error
+            raise TransportError.caused_by(str(error), error) from error
     else:
         raise TransportError(f"unknown transport {name!r}")
     if options.inject is not None:
