@@ -85,6 +85,14 @@ cdef extern from "schedule.h" nogil:
     int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t world_size, uint32_t root, uint32_t rotation,
                            udt_schedule *schedule, udt_step *out, uint32_t *block_scratch)
 
+cdef extern from "elementwise.h" nogil:
+    enum:
+        UDT_FLOAT32
+        UDT_FLOAT64
+        UDT_FLOAT16
+        UDT_BFLOAT16
+        UDT_INT32
+
 cdef extern from "engine.h" nogil:
     enum:
         UDT_MAX_WORLD
@@ -96,6 +104,12 @@ cdef extern from "engine.h" nogil:
         UDT_ERR_TRANSPORT
         UDT_ERR_NO_MEMORY
         UDT_ERR_LAYOUT_MISMATCH
+
+    enum:
+        UDT_OP_SUM
+        UDT_OP_MEAN
+        UDT_ESTIMATOR_UNBIASED
+        UDT_ESTIMATOR_ZERO_FILL
 
     struct udt_engine_options:
         uint32_t chunk_bytes

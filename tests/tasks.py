@@ -245,6 +245,9 @@ def argument_errors(comm):
     comm.allreduce(data, op=dist.ReduceOp.SUM, deadline=datetime.timedelta(seconds=5), loss_budget=0.0)
     if not np.all(data == comm.world_size):
         wrong.append("ReduceOp.SUM with a timedelta deadline did not sum")
+    comm.allreduce(data, op=ud_transport.ReduceOp.SUM, estimator=ud_transport.Estimator.ZERO_FILL, loss_budget=0.0)
+    if not np.all(data == comm.world_size ** 2):
+        wrong.append("ud_transport.ReduceOp.SUM with Estimator.ZERO_FILL did not sum")
     return wrong
 
 

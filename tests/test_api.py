@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import ud_transport
-from ud_transport import loss_models, options
+from ud_transport import _native, loss_models, options
 from ud_transport.deadline import DeadlineEstimator
 
 
@@ -138,3 +138,20 @@ def test_errors_survive_pickling():
     assert error.rank == 3 and str(error) == "late"
     error = pickle.loads(pickle.dumps(ud_transport.LossBudgetExceeded("lossy", None)))
     assert str(error) == "lossy" and error.stats is None
+
+
+def test_ops_and_estimators_are_enums_with_the_c_codes_and_strings_still_work(solo):
+    from ud_transport.tensors import estimator_code, op_code
+    assert [op_code(op) for op in (ud_transport.ReduceOp.SUM, "sum", "SUM", dist.ReduceOp.SUM)] == [_native.OP_SUM] * 4
+    assert [op_code(op) for op in (ud_transport.ReduceOp.MEAN, "mean", "avg", dist.ReduceOp.AVG)] == [_native.OP_MEAN] * 4
+    assert estimator_code(ud_transport.Estimator.UNBIASED) == estimator_code("unbiased") == _native.ESTIMATOR_UNBIASED
+    assert estimator_code(ud_transport.Estimator.ZERO_FILL) == estimator_code("zero_fill") == _native.ESTIMATOR_ZERO_FILL
+    values = np.arange(6, dtype=np.float32)
+    for op in ud_transport.ReduceOp:
+        solo.allreduce(values, op=op, estimator=ud_transport.Estimator.ZERO_FILL)
+    assert np.array_equal(values, np.arange(6))
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        solo.allreduce(values, estimator="mostly")
+    with pytest.raises(ValueError, match="op must be one of"):
+        solo.allreduce(values, op=dist.ReduceOp.MAX)
+    assert np.array_equal(values, np.arange(6))

@@ -13,10 +13,11 @@ from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportEr
 from .loss_models import Bernoulli, GilbertElliott
 from .options import Options
 from .stats import AllreduceStats, CollectiveStats
+from .tensors import Estimator, ReduceOp
 
 __all__ = [
     "init", "allreduce", "reduce_scatter", "all_gather", "broadcast", "agree", "get_default", "close",
-    "Communicator", "CollectiveStats", "AllreduceStats", "Options",
+    "Communicator", "CollectiveStats", "AllreduceStats", "Options", "ReduceOp", "Estimator",
     "TransportError", "LossBudgetExceeded", "PeerTimeout", "LayoutMismatch", "Bernoulli", "GilbertElliott",
 ]
 from ._version import __version__  # noqa: E402

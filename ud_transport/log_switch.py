@@ -6,12 +6,14 @@ import os
 import sys
 import warnings
 
+from . import environment
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
 def apply_environment(logger, environ=os.environ):
     """Returns the handler UD_LOG added, or None (unset, or a value that is not a level: warned)."""
-    value = environ.get("UD_LOG", "").strip().lower()
+    value = environment.read("UD_LOG", "", environ).strip().lower()
     if not value:
         return None
     level = LEVELS.get(value)

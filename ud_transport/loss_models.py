@@ -4,11 +4,12 @@ Pass one to ``init(..., inject=...)``, or set ``UD_INJECT`` for scripts:
 ``UD_INJECT="bernoulli:0.1"`` or ``UD_INJECT="gilbert_elliott:0.01,0.3,0.0,0.8"``
 (good->bad, bad->good, loss in good, loss in bad) with ``UD_INJECT_SEED``.
 """
-import os
 from dataclasses import dataclass
 
-_BERNOULLI = 1
-_GILBERT_ELLIOTT = 2
+from . import _native, environment
+
+_BERNOULLI = _native.LOSS_BERNOULLI
+_GILBERT_ELLIOTT = _native.LOSS_GILBERT_ELLIOTT
 
 
 def _check_probability(name, value):
@@ -86,5 +87,5 @@ def from_string(text, seed=0):
 
 
 def from_environment():
-    text = os.environ.get("UD_INJECT", "")
-    return from_string(text, seed=int(os.environ.get("UD_INJECT_SEED", "0"))) if text else None
+    text = environment.read("UD_INJECT", "")
+    return from_string(text, seed=int(environment.read("UD_INJECT_SEED", "0"))) if text else None

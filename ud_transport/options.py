@@ -3,22 +3,12 @@ for scripts. Keyword arguments win over the environment."""
 import os
 from dataclasses import dataclass, field, fields, replace
 
-from . import _native
+from . import _native, environment
 
 MIB = 1 << 20
 
-# option name -> environment variable
-ENVIRONMENT = {
-    "chunk_bytes": "UD_CHUNK_BYTES",
-    "window_bytes": "UD_WINDOW_BYTES",
-    "socket_buffer_bytes": "UD_SOCKET_BUFFER_BYTES",
-    "bind_address": "UD_BIND_ADDRESS",
-    "deadline_cap_s": "UD_DEADLINE_CAP",
-    "default_loss_budget": "UD_LOSS_BUDGET",
-    "join_timeout_s": "UD_JOIN_TIMEOUT",
-    "store_timeout_s": "UD_STORE_TIMEOUT",
-    "algorithm": "UD_ALGORITHM",
-}
+# option name -> environment variable (the table is ud_transport.environment)
+ENVIRONMENT = environment.fields_of("option")
 
 ALGORITHMS = ("auto", "ring", "direct")
 
@@ -85,6 +75,6 @@ def build(**overrides):
     for name, variable in ENVIRONMENT.items():
         if variable in os.environ:
             default = getattr(Options, name)
-            values[name] = type(default)(os.environ[variable])
+            values[name] = type(default)(environment.read(variable))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return replace(Options(), **values).validate()

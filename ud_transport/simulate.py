@@ -25,12 +25,12 @@ import time
 import numpy as np
 
 from . import _native
+from .tensors import estimator_code
 
 log = logging.getLogger("ud_transport")
 
 ALGORITHM_CODES = {"ring": _native.ALGORITHM_RING, "direct": _native.ALGORITHM_DIRECT}
-ESTIMATOR_CODES = {"unbiased": 0, "zero_fill": 1}
-LOSS_NONE, LOSS_BERNOULLI, LOSS_GILBERT_ELLIOTT = 0, 1, 2
+LOSS_NONE, LOSS_BERNOULLI, LOSS_GILBERT_ELLIOTT = _native.LOSS_NONE, _native.LOSS_BERNOULLI, _native.LOSS_GILBERT_ELLIOTT
 
 
 def loss_parameters(loss):
@@ -48,7 +48,7 @@ def run_cell(world, loss, algorithm, estimator, calls, chunks_per_block, budget,
     # budget 1.0 so every call writes its result (for bias and spread); whether it met
     # `budget` is read from the agreed fractions by the engine's rule (see summarize)
     return _native.simulate(world, _native.COLLECTIVE_ALLREDUCE, ALGORITHM_CODES[algorithm], count, chunk_bytes, calls,
-                            estimator=ESTIMATOR_CODES[estimator], loss_budget=1.0, seed=seed, **loss_parameters(loss)), count
+                            estimator=estimator_code(estimator), loss_budget=1.0, seed=seed, **loss_parameters(loss)), count
 
 
 def summarize(rows, count, world, budget):

@@ -1,10 +1,29 @@
 """Find the raw memory behind a numpy array or a CPU torch tensor, without
 copying it, and check that the engine can work on it in place."""
+import enum
 import sys
 
-DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4}
-OP_CODES = {"sum": 0, "mean": 1, "avg": 1}
-ESTIMATOR_CODES = {"unbiased": 0, "zero_fill": 1}
+from . import _native
+
+
+class ReduceOp(str, enum.Enum):
+    """The reductions of the lossy collectives. Strings ("sum", "mean", "avg") and
+    torch.distributed.ReduceOp.SUM / AVG are accepted wherever one is."""
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class Estimator(str, enum.Enum):
+    """How a missing contribution is treated: UNBIASED rescales what arrived (the product);
+    ZERO_FILL leaves zeros in the holes, a biased baseline for experiments. Strings accepted."""
+    UNBIASED = "unbiased"
+    ZERO_FILL = "zero_fill"
+
+
+DTYPE_CODES = {"float32": _native.DTYPE_FLOAT32, "float64": _native.DTYPE_FLOAT64, "float16": _native.DTYPE_FLOAT16,
+               "bfloat16": _native.DTYPE_BFLOAT16, "int32": _native.DTYPE_INT32}
+OP_CODES = {ReduceOp.SUM.value: _native.OP_SUM, ReduceOp.MEAN.value: _native.OP_MEAN, "avg": _native.OP_MEAN}
+ESTIMATOR_CODES = {Estimator.UNBIASED.value: _native.ESTIMATOR_UNBIASED, Estimator.ZERO_FILL.value: _native.ESTIMATOR_ZERO_FILL}
 
 
 class TensorView:
@@ -89,7 +108,7 @@ def op_name(op):
     """The lower-case name of a reduction given as a string, a
     torch.distributed.ReduceOp, or the RedOpType inside one."""
     if isinstance(op, str):
-        return op.lower()
+        return str(op.value if isinstance(op, ReduceOp) else op).lower()
     op = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType
     return str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
 
@@ -104,7 +123,8 @@ def op_code(op):
 
 
 def estimator_code(estimator):
+    """"unbiased" / "zero_fill" or an Estimator."""
     try:
-        return ESTIMATOR_CODES[estimator]
+        return ESTIMATOR_CODES[estimator.value if isinstance(estimator, Estimator) else estimator]
     except (KeyError, TypeError):
         raise ValueError(f"estimator must be one of {sorted(ESTIMATOR_CODES)}, got {estimator!r}") from None

@@ -1,8 +1,7 @@
 """Open the datagram transport a communicator will use."""
 import logging
-import os
 
-from . import _native, verbs_extension
+from . import _native, environment, verbs_extension
 from .errors import TransportError
 from .loss_models import rank_seed
 
@@ -84,7 +83,7 @@ def choose(requested):
     """Resolve "auto" (and the UD_TRANSPORT override) to a concrete transport:
     verbs when an RDMA device has an active port, UDP otherwise (also when the
     RDMA extension is not built or libibverbs cannot be loaded)."""
-    requested = os.environ.get("UD_TRANSPORT", requested) or "auto"
+    requested = environment.read("UD_TRANSPORT", requested) or "auto"
     if requested not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {requested!r}")
     if requested == "verbs":
@@ -118,11 +117,11 @@ def why_no_rdma():
 def verbs_settings(options):
     """(device, port, gid_index) asked for: keyword options win over UD_DEVICE, UD_PORT,
     UD_GID_INDEX; None / 0 / -1 mean "choose"."""
-    device = getattr(options, "device", "") or os.environ.get("UD_DEVICE") or None
-    port = getattr(options, "port", 0) or int(os.environ.get("UD_PORT", "0") or 0)
+    device = getattr(options, "device", "") or environment.read("UD_DEVICE") or None
+    port = getattr(options, "port", 0) or int(environment.read("UD_PORT", "0") or 0)
     gid_index = getattr(options, "gid_index", -1)
     if gid_index is None or gid_index < 0:
-        gid_index = int(os.environ.get("UD_GID_INDEX", "-1") or -1)
+        gid_index = int(environment.read("UD_GID_INDEX", "-1") or -1)
     return device, port, gid_index
 
 

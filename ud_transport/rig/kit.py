@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .. import environment
 from . import apt
 from .cpio import CpioWriter
 from .modules import GUEST_MODULES, load_order, parse_modules_builtin, parse_modules_dep
@@ -56,7 +57,7 @@ class Kit:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("UD_RIG_CACHE") or Path.home() / ".cache/ud_transport/rig")
+    return Path(environment.read("UD_RIG_CACHE") or Path.home() / ".cache/ud_transport/rig")
 
 
 def _load_manifest(directory: Path) -> Kit | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import exact
+from .. import environment, exact
 from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded
@@ -28,13 +28,8 @@ from ._worker import SerialWorker
 LOSSY_KINDS = ("allreduce", "reduce_scatter")
 LOSSY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
-# BackendOptions field -> environment variable (communicator options keep their own UD_* names)
-ENVIRONMENT = {
-    "loss_budget": "UD_LOSS_BUDGET",
-    "on_budget_miss": "UD_ON_BUDGET_MISS",
-    "lossy": "UD_LOSSY_COLLECTIVES",
-    "transport": "UD_TRANSPORT",
-}
+# BackendOptions field -> environment variable (the table is ud_transport.environment)
+ENVIRONMENT = environment.fields_of("backend")
 
 
 @dataclass(frozen=True)
@@ -69,7 +64,7 @@ class BackendOptions:
         values = {}
         for name, variable in ENVIRONMENT.items():
             if variable in os.environ:
-                raw = os.environ[variable]
+                raw = environment.read(variable)
                 values[name] = (float(raw) if name == "loss_budget"
                                 else tuple(k for k in raw.replace(" ", "").split(",") if k) if name == "lossy" else raw)
         values.update(overrides)
