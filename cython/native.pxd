@@ -28,6 +28,7 @@ cdef extern from "transport.h" nogil:
         UDT_UDP_RCVBUF_FORCED
         UDT_UDP_GSO_REFUSED
         UDT_UDP_DROPS_COUNTED
+        UDT_UDP_PORTS_WATCHED
 
     # the C struct shares its tag with the function below; Cython needs another name for it
     ctypedef struct udt_udp_counters_struct "struct udt_udp_counters":
@@ -39,6 +40,7 @@ cdef extern from "transport.h" nogil:
         uint64_t recv_messages
         uint64_t recv_gro_messages
         uint64_t recv_gro_datagrams
+        uint64_t icmp_errors
 
     uint32_t udt_udp_features(const udt_transport *t)
     int udt_udp_disable(udt_transport *t, uint32_t features)

@@ -1157,17 +1157,36 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
     return wake;
 }
 
+/* Mark the peers whose port the transport has seen closed (sticky: a closed port never reopens). */
+void udt_notice_gone_peers(struct udt_comm *comm)
+{
+    const struct udt_peer_ports *ports = comm->transport->ports;
+    if (!ports || ports->closed_count == comm->ports_closed_seen)
+        return;
+    comm->ports_closed_seen = ports->closed_count;
+    uint32_t n = ports->peer_count < comm->world_size ? ports->peer_count : comm->world_size;
+    for (uint32_t p = 0; p < n; p++) {
+        if (ports->closed[p] && !comm->peers[p].gone && p != comm->rank) {
+            comm->peers[p].gone = 1;
+            comm->peers_gone++;
+        }
+    }
+}
+
 int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
 {
     struct call *c = &comm->call;
     if (c->phase == PHASE_DONE || c->phase == PHASE_IDLE)
         return 2;
     int progressed = 0, rc;
+    udt_notice_gone_peers(comm);
     if (c->phase == PHASE_DATA) {
-        if (now >= c->deadline_ns) {
+        /* a gone peer sends nothing more: what has not arrived will not; the verdict round
+         * then waits only for the peers still there */
+        if (now >= c->deadline_ns || comm->peers_gone) {
             /* whatever has not arrived is lost; close the rest in order so
              * the owned block is still rescaled; abandon unsent data */
-            c->stats->deadline_expired = 1;
+            c->stats->deadline_expired = now >= c->deadline_ns;
             udt_close_all_steps(c);
             c->send_step = c->schedule.steps;
         }

@@ -46,6 +46,7 @@ struct peer_state {
     uint64_t granted_at_ns;
     uint32_t highest_step_seen; /* +1, of data or END it sent us */
     uint8_t heard;              /* anything valid from it during this call: it is in the call */
+    uint8_t gone;               /* its port is closed (the transport saw it): it will never answer again */
     uint64_t last_heard_ns;
     uint64_t join_request_ns;  /* when to ask it again whether it is in the call */
     uint32_t join_requests;    /* asked so far (the interval doubles) */
@@ -129,6 +130,8 @@ struct udt_comm {
     uint32_t send_epoch, credit_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;
+    uint32_t peers_gone;         /* peers marked gone */
+    uint32_t ports_closed_seen;  /* the transport's closed_count when we last looked */
     /* our own verdict of the previous call, to answer peers still in it */
     uint32_t last_verdict_sequence;
     uint8_t have_last_verdict;
@@ -150,6 +153,7 @@ struct udt_comm {
 };
 
 /* engine.c */
+void udt_notice_gone_peers(struct udt_comm *comm);
 void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now);
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
 void udt_close_all_steps(struct call *c);

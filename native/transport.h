@@ -44,6 +44,16 @@ struct udt_transport_ops {
     void (*destroy)(struct udt_transport *t);
 };
 
+/* Peers whose port is known closed: UDP learns it from the ICMP port unreachable that comes
+ * back for a datagram sent to it (IP_RECVERR). A rank's socket lives as long as its
+ * communicator, so a closed port means its process exited or it closed the communicator;
+ * it never reopens. Kept by the transport that sends; wrappers share the pointer. */
+struct udt_peer_ports {
+    uint32_t closed_count; /* changes whenever closed[] gains a peer: the engine scans only then */
+    uint32_t peer_count;
+    uint8_t closed[];
+};
+
 struct udt_transport {
     const struct udt_transport_ops *ops;
     uint32_t max_datagram_bytes; /* header + payload that one datagram can carry */
@@ -52,6 +62,7 @@ struct udt_transport {
     uint64_t counter_injected_drops; /* filled by the loss-injection wrapper */
     uint64_t counter_receive_overflows; /* datagrams the kernel dropped at our socket, its receive queue full
                                          * (UDP: SO_RXQ_OVFL, as reported with the next datagram received) */
+    struct udt_peer_ports *ports; /* peers known gone; NULL where the transport cannot tell (verbs, memory) */
     struct udt_error error; /* of the last failed operation */
 };
 
@@ -83,6 +94,7 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
 #define UDT_UDP_RCVBUF_FORCED 4u    /* SO_RCVBUFFORCE took: the buffer is not capped by net.core.rmem_max */
 #define UDT_UDP_GSO_REFUSED 8u      /* the kernel refused a GSO send; GSO is off since (datagrams resent without it) */
 #define UDT_UDP_DROPS_COUNTED 16u   /* SO_RXQ_OVFL took: datagrams dropped at the full socket are counted */
+#define UDT_UDP_PORTS_WATCHED 32u   /* IP_RECVERR took: a peer's closed port is noticed (struct udt_peer_ports) */
 uint32_t udt_udp_features(const struct udt_transport *t);
 /* Turn features off (UDT_UDP_GSO, UDT_UDP_GRO) on an open transport, e.g. to
  * measure or test the plain path. Returns 0, or -EINVAL if t is not UDP. */
@@ -106,6 +118,7 @@ struct udt_udp_counters {
     uint64_t recv_messages;      /* messages they returned */
     uint64_t recv_gro_messages;  /* of which held more than one datagram */
     uint64_t recv_gro_datagrams; /* datagrams split out of those */
+    uint64_t icmp_errors;        /* ICMP errors read from the error queue (a closed port is one kind) */
 };
 int udt_udp_counters(const struct udt_transport *t, struct udt_udp_counters *out);
 

@@ -45,6 +45,7 @@ static int lossy_set_peers(struct udt_transport *t, const uint8_t *a, uint32_t b
     int rc = udt_transport_set_peers(l->inner, a, b, n);
     if (rc < 0)
         t->error = l->inner->error;
+    t->ports = l->inner->ports; /* what the sender learns of closed ports is news here too */
     return rc;
 }
 

@@ -19,6 +19,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <linux/errqueue.h>
+#include <netinet/ip_icmp.h>
 #include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -64,6 +66,7 @@ struct udp_transport {
     uint32_t receive_buffer_asked, receive_buffer_bytes, send_buffer_bytes;
     uint32_t peer_count;
     struct sockaddr_in *peers;
+    struct udt_peer_ports *ports; /* base.ports: which peers' ports came back unreachable */
     int32_t last_peer_hit;
     struct udt_udp_counters counters;
 
@@ -165,8 +168,19 @@ static int udp_set_peers(struct udt_transport *t, const uint8_t *addresses, uint
         memcpy(&peers[i].sin_addr, addresses + 6 * i, 4);
         memcpy(&peers[i].sin_port, addresses + 6 * i + 4, 2);
     }
+    struct udt_peer_ports *ports = NULL;
+    if (u->features & UDT_UDP_PORTS_WATCHED) {
+        if (!(ports = calloc(1, sizeof *ports + (count ? count : 1)))) {
+            free(peers);
+            return -ENOMEM;
+        }
+        ports->peer_count = count;
+    }
     free(u->peers);
+    free(u->ports);
     u->peers = peers;
+    u->ports = ports;
+    t->ports = ports;
     u->peer_count = count;
     u->last_peer_hit = -1;
     return 0;
@@ -184,6 +198,47 @@ static int32_t lookup_peer(struct udp_transport *u, const struct sockaddr_in *fr
         }
     }
     return -1;
+}
+
+/* Errors a UDP socket reports for an ICMP message about an earlier datagram. */
+static int reported_by_icmp(int error)
+{
+    return error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EHOSTDOWN || error == EMSGSIZE ||
+           error == EPROTO;
+}
+
+/* Read the socket's error queue (IP_RECVERR): an ICMP port unreachable for a datagram we sent
+ * to a peer means that peer's socket is gone. Other errors (a host or network unreachable,
+ * a fragmentation need) are loss, not news. Reading also clears the socket's pending error. */
+static void drain_errors(struct udp_transport *u)
+{
+    for (;;) {
+        struct sockaddr_in destination;
+        union {
+            char bytes[CMSG_SPACE(sizeof(struct sock_extended_err) + sizeof(struct sockaddr_in))];
+            struct cmsghdr align;
+        } control;
+        char payload[64];
+        struct iovec iov = {.iov_base = payload, .iov_len = sizeof payload};
+        struct msghdr h = {.msg_name = &destination, .msg_namelen = sizeof destination, .msg_iov = &iov, .msg_iovlen = 1,
+                           .msg_control = control.bytes, .msg_controllen = sizeof control.bytes};
+        if (recvmsg(u->fd, &h, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+            return;
+        u->counters.icmp_errors++;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+            if (c->cmsg_level != SOL_IP || c->cmsg_type != IP_RECVERR)
+                continue;
+            struct sock_extended_err e;
+            memcpy(&e, CMSG_DATA(c), sizeof e);
+            if (e.ee_origin != SO_EE_ORIGIN_ICMP || e.ee_type != ICMP_DEST_UNREACH || e.ee_code != ICMP_PORT_UNREACH)
+                continue;
+            int32_t peer = h.msg_namelen >= sizeof destination && u->ports ? lookup_peer(u, &destination) : -1;
+            if (peer >= 0 && !u->ports->closed[peer]) {
+                u->ports->closed[peer] = 1;
+                u->ports->closed_count++;
+            }
+        }
+    }
 }
 
 /* ---- send ---------------------------------------------------------------- */
@@ -249,13 +304,13 @@ static int build_messages(struct udp_transport *u, const struct udt_send_item *i
     return messages;
 }
 
-
 /* A socket call failed: name the socket by the address it is bound to. */
 static void udp_call_failed(struct udp_transport *u, const char *call, int err)
 {
     const uint8_t *a = u->base.address;
     udt_error_call(&u->base.error, call, err, NULL, "udp %u.%u.%u.%u:%u", a[0], a[1], a[2], a[3], (unsigned)(a[4] << 8 | a[5]));
 }
+
 static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *items, int count)
 {
     struct udp_transport *u = (struct udp_transport *)t;
@@ -265,7 +320,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             return -EINVAL;
         }
     }
-    int done = 0;
+    int done = 0, retried = 0;
     while (done < count) {
         int messages = build_messages(u, items + done, count - done);
         int sent = sendmmsg(u->fd, u->send_msgs, (unsigned)messages, MSG_DONTWAIT);
@@ -274,6 +329,13 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             int error = errno;
             if (error == EAGAIN || error == ENOBUFS || error == EINTR)
                 return done;
+            /* An ICMP error for an earlier datagram is reported once, by whichever call comes
+             * next: read it from the error queue and send this message again. */
+            if ((u->features & UDT_UDP_PORTS_WATCHED) && reported_by_icmp(error) && !retried) {
+                drain_errors(u);
+                retried = 1;
+                continue;
+            }
             /* The first message failed. A GSO message the kernel will not
              * take (no UDP_SEGMENT, no checksum offload on the route, a
              * path MTU below the segment): GSO off for good, send again. */
@@ -288,6 +350,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
              * of the call. Skip its datagrams and go on. */
             if (error == EPERM || error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EMSGSIZE) {
                 done += (int)u->send_items_in[0];
+                retried = 0;
                 continue;
             }
             udp_call_failed(u, "sendmmsg", error);
@@ -301,6 +364,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             }
         }
         u->counters.send_messages += (uint64_t)sent;
+        retried = 0;
         /* Fewer than asked: the next call reports why (a full buffer ends
          * the batch; a refused message is skipped or resent above). */
     }
@@ -369,8 +433,15 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
     }
     int got = recvmmsg(u->fd, u->recv_msgs, (unsigned)want, MSG_DONTWAIT, NULL);
     if (got < 0) {
-        if (errno == EAGAIN || errno == EINTR || errno == ECONNREFUSED)
+        int error = errno;
+        if (error == EAGAIN || error == EINTR)
             return 0;
+        if (reported_by_icmp(error)) { /* an earlier datagram of ours bounced: news (drain_errors) or loss */
+            if (u->features & UDT_UDP_PORTS_WATCHED)
+                drain_errors(u);
+            return 0;
+        }
+        errno = error;
         udp_call_failed(u, "recvmmsg", errno);
         return -errno;
     }
@@ -423,6 +494,8 @@ static int udp_wait(struct udt_transport *t, int timeout_us)
     struct pollfd pfd = {.fd = u->fd, .events = POLLIN};
     struct timespec timeout = {.tv_sec = timeout_us / 1000000, .tv_nsec = (long)(timeout_us % 1000000) * 1000};
     int ready = ppoll(&pfd, 1, &timeout, NULL);
+    if (ready > 0 && (pfd.revents & POLLERR)) /* the error queue holds something: poll would not sleep again */
+        drain_errors(u);
     return ready < 0 && errno != EINTR ? -errno : 0;
 }
 
@@ -432,6 +505,7 @@ static void udp_destroy(struct udt_transport *t)
     if (u->fd >= 0)
         close(u->fd);
     free(u->peers);
+    free(u->ports);
     free(u->recv_buffers);
     free(u);
 }
@@ -550,6 +624,10 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
     int on = 1; /* every receive says how many datagrams the kernel dropped for want of buffer */
     if (setsockopt(u->fd, SOL_SOCKET, SO_RXQ_OVFL, &on, sizeof on) == 0)
         u->features |= UDT_UDP_DROPS_COUNTED;
+    /* ICMP errors for our datagrams come back on the error queue: a peer's closed port is
+     * how a rank learns at once that another has exited (see drain_errors) */
+    if (setsockopt(u->fd, SOL_IP, IP_RECVERR, &on, sizeof on) == 0)
+        u->features |= UDT_UDP_PORTS_WATCHED;
     if (bind(u->fd, (struct sockaddr *)&address, sizeof address) != 0) {
         udt_error_call(error, "bind", errno, errno == EADDRINUSE ? "the port is taken; pass port 0 to pick a free one" : NULL, "udp %s:%u",
                        bind_ipv4, port);

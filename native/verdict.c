@@ -286,7 +286,10 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     uint32_t severity = combined.cause >> 16, blamed = combined.cause & 0xFFFFu;
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
-        if (blamed < c->n && comm->peers[blamed].heard)
+        if (blamed < c->n && comm->peers[blamed].gone)
+            udt_error_check(&comm->error, "rank %u is gone: its port is closed (ICMP port unreachable came back), so its "
+                            "process exited or it closed its communicator", blamed);
+        else if (blamed < c->n && comm->peers[blamed].heard)
             udt_error_check(&comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
                      blamed, c->args.deadline_s);
         else
@@ -318,15 +321,15 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     return 1;
 }
 
-/* Whether every peer that has not acknowledged our verdict has been silent long enough after
- * getting enough copies of it (see ACK_QUIET_INTERVALS). */
+/* Whether every peer that has not acknowledged our verdict is gone, or has been silent long
+ * enough after getting enough copies of it (see ACK_QUIET_INTERVALS). */
 static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t base)
 {
     for (uint32_t p = 0; p < c->n; p++) {
         if (p == c->rank)
             continue;
         struct peer_state *peer = &comm->peers[p];
-        if (slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED)
+        if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || peer->gone)
             continue;
         uint64_t quiet_since = peer->last_heard_ns > c->decided_ns ? peer->last_heard_ns : c->decided_ns;
         if (peer->acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
@@ -335,12 +338,23 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
     return 1;
 }
 
+/* Whether every peer has sent its verdict or is gone (it never will). */
+static int all_but_gone_answered(const struct call *c, const struct udt_comm *comm)
+{
+    if (!comm->peers_gone)
+        return 0;
+    for (uint32_t p = 0; p < c->n; p++)
+        if (p != c->rank && !comm->peers[p].gone && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
+            return 0;
+    return 1;
+}
+
 int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake)
 {
     int progressed = 0;
     uint32_t others = c->n - 1;
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
-    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns)) {
+    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns || all_but_gone_answered(c, comm))) {
         progressed |= decide(c, comm, now);
         /* from now on only acknowledgements are missing: ask for them soon */
         uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
@@ -383,7 +397,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         if (p == c->rank)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
-        if ((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED))
+        if (((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED)) || peer->gone)
             continue;
         if (now >= peer->verdict_resend_ns) {
             uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;

@@ -34,9 +34,12 @@ def die_during_allreduce(comm, count, join_after_s, die_after_s):
     time.sleep(60)  # reached only if the call ended first; the test then sees no PeerTimeout
 
 
-def allreduce_outcome(comm, count, deadline):
-    """(error or None, input unchanged?, seconds the call took)."""
+def allreduce_outcome(comm, count, deadline, entering=None):
+    """(error or None, input unchanged?, seconds the call took); `entering` (an
+    Event) is set right before the call."""
     tensor = filled(comm, count)
+    if entering is not None:
+        entering.set()
     start = time.monotonic()
     try:
         comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
@@ -102,3 +105,13 @@ def quick_calls_then_a_straggler(comm, late_rank, delay_s, count, quick_calls):
         outcomes.append((bool(np.all(tensor == expected_sum(comm.world_size))), stats.delivered_fraction,
                          stats.join_wait_s, stats.deadline_s))
     return outcomes
+
+
+def allreduce_outcome_with_a_pause(comm, paused_rank, count, join_after_s, pause_after_s, pause_s, deadline):
+    """allreduce_outcome, with `paused_rank` coming `join_after_s` last and
+    SIGSTOPped about `pause_after_s` into the call, for `pause_s`."""
+    entering = None
+    if comm.rank == paused_rank:
+        time.sleep(join_after_s)
+        entering = _after_entering(pause_after_s, lambda: _pause_self(pause_s))
+    return allreduce_outcome(comm, count, deadline, entering)

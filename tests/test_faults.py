@@ -2,7 +2,8 @@
 over loopback. The data deadline of a call counts from the moment every rank
 is known to be in it; a separate join timeout catches a rank that never
 joins; a rank that joined and then went silent is blamed within the deadline
-plus the verdict slack (at most 1 s)."""
+plus the verdict slack (at most 1 s). A rank whose process is gone is known at
+once on UDP: datagrams to its closed port come back as ICMP port unreachable."""
 import fault_tasks
 import pytest
 
@@ -14,18 +15,14 @@ DEADLINE = 2.0
 BIG = 4 << 20  # float32 elements (16 MiB): a call that lasts past the moment a rank is killed or paused
 
 
-@pytest.mark.parametrize("how", ["sleeps", "killed"])
-def test_a_rank_that_never_joins_is_blamed_at_the_join_timeout(how):
-    """Rank 2 sleeps through the call, or was killed before it: ranks 0 and 1
-    raise PeerTimeout naming rank 2 as not having joined, after the start
-    timeout (not the shorter data deadline) and within it plus 1 s."""
+def test_a_rank_that_never_joins_is_blamed_at_the_join_timeout():
+    """Rank 2 is alive but sleeps through the call: ranks 0 and 1 raise
+    PeerTimeout naming rank 2 as not having joined, after the join timeout
+    (not the shorter data deadline) and within it plus 1 s."""
     world, absent = 3, 2
     with LocalCluster(world, chunk_bytes=256, join_timeout_s=JOIN_TIMEOUT) as cluster:
         cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)  # all healthy first
-        if how == "killed":
-            cluster.kill(absent)
-        else:
-            cluster.connections[absent].send((fault_tasks.sleep_through, (JOIN_TIMEOUT + 3,)))
+        cluster.connections[absent].send((fault_tasks.sleep_through, (JOIN_TIMEOUT + 3,)))
         outcomes = cluster.run(fault_tasks.allreduce_outcome, 1000, DEADLINE, ranks=[0, 1])
     for rank, (error, unchanged, elapsed) in zip([0, 1], outcomes):
         assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
@@ -34,11 +31,29 @@ def test_a_rank_that_never_joins_is_blamed_at_the_join_timeout(how):
         assert unchanged, f"rank {rank}: tensor changed on error"
 
 
+def test_a_rank_that_died_before_the_call_is_blamed_at_once_not_at_the_join_timeout():
+    """Rank 2 was killed before the call: its socket is gone, so the first
+    datagram sent to it comes back as an ICMP port unreachable. Ranks 0 and 1
+    raise PeerTimeout naming rank 2 as gone within seconds, though the join
+    timeout is 60 s, and keep their inputs; a second call fails the same way."""
+    world, dead = 3, 2
+    with LocalCluster(world, chunk_bytes=256, join_timeout_s=60.0) as cluster:
+        cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)  # all healthy first
+        cluster.kill(dead)
+        for _ in range(2):
+            outcomes = cluster.run(fault_tasks.allreduce_outcome, 1000, DEADLINE, ranks=[0, 1])
+            for rank, (error, unchanged, elapsed) in zip([0, 1], outcomes):
+                assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
+                assert error.rank == dead and f"rank {dead} is gone: its port is closed" in str(error), str(error)
+                assert elapsed < DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"  # the join timeout is 60 s
+                assert unchanged, f"rank {rank}: tensor changed on error"
+
+
 def test_a_rank_killed_mid_call_is_blamed_within_the_deadline_and_the_survivors_regroup():
     """Rank 3 comes last to a 16 MiB allreduce and is SIGKILLed 10 ms after
     entering it. Every other rank raises PeerTimeout naming rank 3 as gone
-    silent in the call (it had joined) within deadline + 1 s, keeps its
-    input, and the survivors form a new communicator whose allreduce is exact."""
+    (its port closed with it) within deadline + 1 s, keeps its input, and the
+    survivors form a new communicator whose allreduce is exact."""
     world, victim = 4, 3
     survivors = [0, 1, 2]
     with LocalCluster(world, join_timeout_s=30.0) as cluster:
@@ -47,7 +62,7 @@ def test_a_rank_killed_mid_call_is_blamed_within_the_deadline_and_the_survivors_
         outcomes = cluster.run(fault_tasks.allreduce_outcome, BIG, DEADLINE, ranks=survivors)
         for rank, (error, unchanged, elapsed) in zip(survivors, outcomes):
             assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
-            assert error.rank == victim and "went silent" in str(error), str(error)
+            assert error.rank == victim and f"rank {victim} is gone" in str(error), str(error)
             assert elapsed <= 0.3 + DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
             assert unchanged, f"rank {rank}: tensor changed on error"
         cluster.processes[victim].join(10)
@@ -67,6 +82,22 @@ def test_a_rank_paused_mid_call_for_less_than_the_deadline_costs_time_not_data()
     for rank, (exact, delivered, elapsed, lost) in enumerate(outcomes):
         assert elapsed >= pause_s * 0.9, f"rank {rank}: the call ended ({elapsed:.2f} s) before the pause did"
         assert exact and delivered == 1.0 and lost == 0, f"rank {rank}: exact={exact} delivered={delivered} lost={lost}"
+
+
+def test_a_rank_paused_past_the_deadline_is_blamed_as_silent_not_gone():
+    """Rank 1 of 3 comes last to a 16 MiB allreduce, is SIGSTOPped 10 ms into it for 4 s
+    (deadline 2 s): its process and port are still there, so ranks 0 and 2
+    raise PeerTimeout naming it as gone silent, within deadline + 1 s, and keep
+    their inputs; rank 1 itself fails too once it wakes, its input unchanged."""
+    world, paused = 3, 1
+    with LocalCluster(world, join_timeout_s=30.0) as cluster:
+        outcomes = cluster.run(fault_tasks.allreduce_outcome_with_a_pause, paused, BIG, 0.3, 0.01, 4.0, DEADLINE)
+    for rank, (error, unchanged, elapsed) in enumerate(outcomes):
+        assert isinstance(error, ud_transport.TransportError) and unchanged, f"rank {rank}: {error!r}, unchanged={unchanged}"
+        if rank != paused:
+            assert isinstance(error, ud_transport.PeerTimeout) and error.rank == paused, f"rank {rank}: {error!r}"
+            assert f"rank {paused} went silent in the call" in str(error), str(error)
+            assert elapsed <= 0.3 + DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
 
 
 @pytest.mark.parametrize("world", [2, 4])

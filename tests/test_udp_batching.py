@@ -40,16 +40,21 @@ class Ops(ctypes.Structure):
                 ("destroy", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
 
 
+class NativeError(ctypes.Structure):  # struct udt_error (native/error.h)
+    _fields_ = [("call", ctypes.c_char * 40), ("errno_value", ctypes.c_int), ("object", ctypes.c_char * 160),
+                ("detail", ctypes.c_char * 160), ("message", ctypes.c_char * 400)]
+
+
 class TransportBase(ctypes.Structure):  # struct udt_transport (native/transport.h)
     _fields_ = [("ops", ctypes.POINTER(Ops)), ("max_datagram_bytes", ctypes.c_uint32), ("address_bytes", ctypes.c_uint32),
                 ("address", ctypes.c_uint8 * 64), ("counter_injected_drops", ctypes.c_uint64),
-                ("counter_receive_overflows", ctypes.c_uint64), ("error", ctypes.c_char * 256)]
+                ("counter_receive_overflows", ctypes.c_uint64), ("ports", ctypes.c_void_p), ("error", NativeError)]
 
 
 class Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "send_calls", "send_messages", "send_gso_messages", "send_gso_datagrams",
-        "recv_calls", "recv_messages", "recv_gro_messages", "recv_gro_datagrams")]
+        "recv_calls", "recv_messages", "recv_gro_messages", "recv_gro_datagrams", "icmp_errors")]
 
 
 lib = ctypes.CDLL(_native.__file__)
@@ -89,7 +94,7 @@ class Udp:
         while done < len(datagrams):
             rc = self.ops.send_batch(self.ptr, ctypes.cast(ctypes.byref(items, done * ctypes.sizeof(SendItem)),
                                                            ctypes.POINTER(SendItem)), len(datagrams) - done)
-            assert rc >= 0, self.ptr.contents.error.decode()
+            assert rc >= 0, self.ptr.contents.error.message.decode()
             done += rc
             assert time.monotonic() < deadline, f"only {done} of {len(datagrams)} datagrams taken"
         return done
@@ -100,7 +105,7 @@ class Udp:
         got, deadline = [], time.monotonic() + timeout
         while len(got) < count and time.monotonic() < deadline:
             n = self.ops.recv_batch(self.ptr, items, max_items)
-            assert n >= 0, self.ptr.contents.error.decode()
+            assert n >= 0, self.ptr.contents.error.message.decode()
             assert n <= max_items
             got += [(items[i].peer, ctypes.string_at(items[i].data, items[i].bytes)) for i in range(n)]
             if n == 0:

@@ -42,7 +42,7 @@ import subprocess
 import threading
 import uuid
 
-from .kernel_loss import unavailable_reason as _kernel_loss_unavailable
+from .kernel_loss import loss_rules, unavailable_reason as _kernel_loss_unavailable
 from .local_cluster import enter_network_namespace
 
 log = logging.getLogger("ud_transport")
@@ -149,21 +149,6 @@ _NO_SEGMENTATION_OFFLOAD = {"tx-udp-segmentation": False, "tx-tcp-segmentation":
 
 
 # ---- the hosts ---------------------------------------------------------------------------
-def _loss_rules(udp_loss, tcp_loss, exempt_tcp_port):
-    """nftables for the switch: drop at random on the bridge's forward path."""
-    per_million = lambda p: int(round(p * 1_000_000))  # noqa: E731
-    lines = ["table bridge udt_wire_loss {", "  chain forward {", "    type filter hook forward priority 0; policy accept;"]
-    if tcp_loss > 0 and exempt_tcp_port:
-        lines.append(f"    tcp dport {exempt_tcp_port} counter accept")
-        lines.append(f"    tcp sport {exempt_tcp_port} counter accept")
-    if udp_loss > 0:
-        lines.append(f"    meta l4proto udp numgen random mod 1000000 < {per_million(udp_loss)} counter drop")
-    if tcp_loss > 0:
-        lines.append(f"    meta l4proto tcp numgen random mod 1000000 < {per_million(tcp_loss)} counter drop")
-    lines += ["  }", "}"]
-    return "\n".join(lines) + "\n"
-
-
 class Hosts:
     """`count` hosts, each a network namespace (`namespaces[i]`, address `addresses[i]`, interface eth0).
 
@@ -256,7 +241,8 @@ class Hosts:
         self._static_neighbours()
         if self.udp_loss or self.tcp_loss:
             subprocess.run(["ip", "netns", "exec", self.switch_namespace, "nft", "-f", "-"], check=True, text=True,
-                           capture_output=True, input=_loss_rules(self.udp_loss, self.tcp_loss, self.exempt_tcp_port))
+                           capture_output=True, input=loss_rules(self.udp_loss, self.tcp_loss, self.exempt_tcp_port,
+                                                                  table="bridge udt_wire_loss", chain="forward"))
 
     def _static_neighbours(self):
         macs = []

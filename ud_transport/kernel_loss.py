@@ -19,11 +19,13 @@ def unavailable_reason():
     return None
 
 
-def _rules(udp_loss, tcp_loss, exempt_tcp_port):
-    """nftables rules. The exemption is a separate accept rule: on the kernels
-    and nftables we run, `tcp sport != P tcp dport != P` matched every packet."""
+def loss_rules(udp_loss, tcp_loss, exempt_tcp_port, table="inet udt_loss", chain="input"):
+    """nftables rules dropping UDP and TCP packets at random on the hook `chain` of `table`
+    (a namespace's input here, a bridge's forward path in ud_transport.hosts). The exemption
+    is a separate accept rule: on the kernels and nftables we run, `tcp sport != P tcp
+    dport != P` matched every packet."""
     per_million = lambda p: int(round(p * 1_000_000))  # noqa: E731
-    lines = ["table inet udt_loss {", "  chain input {", "    type filter hook input priority 0; policy accept;"]
+    lines = [f"table {table} {{", f"  chain {chain} {{", f"    type filter hook {chain} priority 0; policy accept;"]
     if tcp_loss > 0 and exempt_tcp_port:
         lines.append(f"    tcp dport {exempt_tcp_port} counter accept")
         lines.append(f"    tcp sport {exempt_tcp_port} counter accept")
@@ -50,7 +52,7 @@ class LossyNamespace:
         try:
             subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
             subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], check=True, text=True,
-                           input=_rules(self.udp_loss, self.tcp_loss, self.exempt_tcp_port))
+                           input=loss_rules(self.udp_loss, self.tcp_loss, self.exempt_tcp_port))
         except BaseException:
             self.close()
             raise
