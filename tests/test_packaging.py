@@ -10,9 +10,11 @@ import pathlib
 import subprocess
 import sys
 import tarfile
+import zipfile
 
 import pytest
 
+from conftest import skip_or_fail
 from ud_transport import verbs_extension
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -69,3 +71,25 @@ def test_type_stub_names_what_the_compiled_module_exports(module):
     exported = {name for name in dir(compiled) if not name.startswith("_")}
     assert stubbed - exported == set(), f"stub names what the module lacks: {sorted(stubbed - exported)}"
     assert exported - stubbed == set(), f"module exports what the stub lacks: {sorted(exported - stubbed)}"
+
+
+def test_an_isolated_build_from_the_registry_makes_the_same_wheel(tmp_path):
+    """`python -m build` as a user runs it: build requirements (pyproject.toml's setuptools,
+    wheel, Cython) fetched from the package registry into a fresh environment, not taken from
+    this one. The wheel holds the same modules as the --no-isolation build above."""
+    dist = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
+                           capture_output=True, text=True, timeout=1200)
+    output = built.stdout[-3000:] + built.stderr[-3000:]
+    if built.returncode != 0 and any(sign in output for sign in ("Failed to establish a new connection",
+                                                                   "No matching distribution found", "Temporary failure in name resolution")):
+        skip_or_fail(f"the package registry is unreachable, so build requirements cannot be fetched: {output[-500:]}")
+    assert built.returncode == 0, output
+    wheel, = dist.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    compiled = {name.split("/")[-1].split(".")[0] for name in names if name.endswith(".so")}
+    assert "_native" in compiled, names
+    if verbs_extension.load() is not None:  # libibverbs headers here: the isolated build finds them too
+        assert "_verbs" in compiled, names
+    for needed in ["ud_transport/py.typed", "ud_transport/_native.pyi", "ud_transport/environment.py"]:
+        assert needed in names, f"wheel lacks {needed}"
