@@ -1,6 +1,13 @@
 """Test support shared by the loss tests: fixed inputs, the z-score, and the
 delivered-fraction model of each schedule (closed forms, checked against a
-Monte Carlo of the same model in test_loss_models.py)."""
+Monte Carlo of the same model in test_loss_models.py); the environment a child
+Python needs to import what this one did.
+
+Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
+(LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
+at the same path); a child Python started by a test gets it through child_pythonpath()."""
+import os
+
 import numpy as np
 
 WORLD = 4
@@ -76,3 +83,20 @@ def simulate_delivered_fraction(algorithm, world, loss, trials, seed=0):
                 present += int(np.where(arrived, owner_count, 1).sum())
         totals.append(present / world ** 3)  # averaged over ranks and blocks, per N contributions
     return float(np.mean(totals)), float(np.std(totals, ddof=1) / np.sqrt(trials))
+
+
+def child_pythonpath():
+    """PYTHONPATH for a child Python (`python -c` or `-m`, in a subprocess or the rig's guest):
+    tests/ and the ud_transport this process imported first, so the child imports the same test
+    modules and the same library as the test that starts it."""
+    import ud_transport
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    library = os.path.dirname(os.path.dirname(os.path.abspath(ud_transport.__file__)))
+    paths = [tests, library] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
+def child_environment():
+    """This process's environment with child_pythonpath()."""
+    return {**os.environ, "PYTHONPATH": child_pythonpath()}

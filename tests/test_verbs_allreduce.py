@@ -7,14 +7,12 @@ call finishes within its deadline, the estimate is unbiased (and the zero-fill b
 not), and the delivered fraction and chunk loss of every rank match the loss model of the ring.
 """
 import itertools
-import os
 import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "verbs_guest"))
-import rig_session  # noqa: E402
+from verbs_guest import rig_session
 
 WORLD = 4
 CROSSING_HOPS = {(1, 2), (3, 0)}  # ranks 0,1 on one guest and 2,3 on the other

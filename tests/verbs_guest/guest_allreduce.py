@@ -5,7 +5,6 @@ processes with the production Communicator on transport="verbs" (see ranks.py fo
 LocalCluster). Exact at zero loss for world sizes 2, 3 and 4; a large call delivers 100%
 (the receive queue covers the window); "auto" picks verbs; device and GID options are honored.
 """
-import os
 import tempfile
 
 import numpy as np
@@ -13,8 +12,8 @@ import pytest
 
 import ud_transport
 from conftest import skip_or_fail
-from ranks import run_ranks
 from ud_transport import _native as native, _verbs as verbs
+from verbs_guest.ranks import run_ranks
 
 # TCG runs ~15x slower than the host and 4 ranks share 2 vCPUs: a healthy upstream can pause
 # for many milliseconds, so the engine's idle-after-loss close is stretched to match.
