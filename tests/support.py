@@ -1,11 +1,12 @@
 """Test support shared by the loss tests: fixed inputs, the z-score, and the
-delivered-fraction model of each schedule (closed forms, checked against a
-Monte Carlo of the same model in test_loss_models.py); the environment a child
-Python needs to import what this one did.
+delivered-fraction model of each schedule (closed forms, checked against an exact
+enumeration over loss patterns and a Monte Carlo in test_loss_models.py); the
+environment a child Python needs to import what this one did.
 
 Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
 (LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
 at the same path); a child Python started by a test gets it through child_pythonpath()."""
+import itertools
 import os
 
 import numpy as np
@@ -15,16 +16,28 @@ COUNT = 240
 CHUNK_BYTES = 32  # 4 float64 per datagram: 60 datagrams per block
 
 
-def z_score(samples):
+def standard_error(samples):
+    """Standard error of the mean of `samples`."""
     samples = np.asarray(samples)
-    standard_error = samples.std(ddof=1) / np.sqrt(len(samples))
-    return samples.mean() / standard_error if standard_error > 0 else np.inf * np.sign(samples.mean())
+    return samples.std(ddof=1) / np.sqrt(len(samples))
+
+
+def z_score(samples):
+    """The mean of `samples` in units of its standard error (how far from zero it sits)."""
+    samples = np.asarray(samples)
+    error = standard_error(samples)
+    return samples.mean() / error if error > 0 else np.inf * np.sign(samples.mean())
 
 
 def fixed_inputs(world=WORLD, count=COUNT):
     element = np.arange(count)
     return [((rank + 1) * (1.0 + element % 5) + 3 * rank).astype(np.float64) for rank in range(world)]
 
+
+# ---- the delivered-fraction model ---------------------------------------------------------------
+# Each datagram is lost independently with probability `loss`; a rank whose result misses the
+# owner's estimate keeps its own partial (unbiased) or nothing (zero fill). The fraction is the
+# share of all N contributions present in a rank's result, per element.
 
 def ring_delivered_fraction(world, loss):
     """Ring: contributions present per element under i.i.d. datagram loss,
@@ -51,6 +64,70 @@ def direct_delivered_fraction(world, loss):
 
 
 DELIVERED_FRACTION = {"ring": ring_delivered_fraction, "direct": direct_delivered_fraction}
+
+
+def _outcomes(hops, loss, lossy_hops=None):
+    """Every arrived/lost pattern of `hops` (one datagram each) with its probability; only the
+    hops in `lossy_hops` (all when None) lose datagrams. Impossible patterns are left out."""
+    for outcome in itertools.product((True, False), repeat=len(hops)):
+        weight = 1.0
+        for hop, arrived in zip(hops, outcome):
+            p = loss if lossy_hops is None or hop in lossy_hops else 0.0
+            weight *= (1 - p) if arrived else p
+        if weight:
+            yield outcome, weight
+
+
+def ring_enumerated(world, loss, lossy_hops=None):
+    """Ring, exactly: per rank, the expected delivered fraction (unbiased and zero-fill) and
+    the expected share of its chunks lost, when each datagram on a hop of `lossy_hops`
+    ((sender, receiver) pairs; every hop when None) is lost with probability `loss`.
+    Enumerates every outcome of the 2(N-1) hops a chunk takes (reduce-scatter from its first
+    sender to its owner, then all-gather from the owner), for each of the N positions a chunk
+    can start at."""
+    unbiased, zero_fill, lost = [0.0] * world, [0.0] * world, [0.0] * world
+    for start in range(world):
+        owner = (start + world - 1) % world
+        rs = [((start + k - 1) % world, (start + k) % world) for k in range(1, world)]
+        ag = [((owner + k - 1) % world, (owner + k) % world) for k in range(1, world)]
+        for outcome, weight in _outcomes(rs + ag, loss, lossy_hops):
+            count = {start: 1}  # contributions summed at each rank in reduce-scatter
+            for (source, target), arrived in zip(rs, outcome):
+                count[target] = count[source] + 1 if arrived else 1
+                lost[target] += 0.0 if arrived else weight
+            has = {owner: True}  # did the owner's estimate reach this rank in all-gather
+            for (source, target), arrived in zip(ag, outcome[world - 1:]):
+                has[target] = has[source] and arrived
+                lost[target] += 0.0 if has[target] else weight
+            for rank in range(world):
+                unbiased[rank] += weight * (count[owner] if has[rank] else count[rank]) / world / world
+                zero_fill[rank] += weight * (count[owner] if has[rank] else 0) / world / world
+    steps = 2 * (world - 1)
+    return unbiased, zero_fill, [x / steps if steps else 0.0 for x in lost]
+
+
+def direct_enumerated(world, loss):
+    """Direct, exactly: per rank, the expected delivered fraction (unbiased and zero-fill) and
+    the expected share of its chunks lost. For each owner, enumerates every outcome of the N-1
+    pieces sent to it and the N-1 copies of its result sent back."""
+    unbiased, zero_fill, lost = [0.0] * world, [0.0] * world, [0.0] * world
+    for owner in range(world):
+        others = [rank for rank in range(world) if rank != owner]
+        hops = [(rank, owner) for rank in others] + [(owner, rank) for rank in others]
+        for outcome, weight in _outcomes(hops, loss):
+            pieces, results = outcome[:len(others)], dict(zip(others, outcome[len(others):]))
+            owner_count = 1 + sum(pieces)
+            lost[owner] += weight * pieces.count(False)
+            for rank in range(world):
+                reached = rank == owner or results[rank]
+                lost[rank] += 0.0 if reached else weight
+                unbiased[rank] += weight * (owner_count if reached else 1) / world / world
+                zero_fill[rank] += weight * (owner_count if reached else 0) / world / world
+    steps = 2 * (world - 1)
+    return unbiased, zero_fill, [x / steps if steps else 0.0 for x in lost]
+
+
+ENUMERATED = {"ring": ring_enumerated, "direct": direct_enumerated}
 
 
 def simulate_delivered_fraction(algorithm, world, loss, trials, seed=0):
