@@ -1,7 +1,9 @@
-"""Test support shared by the loss tests: fixed inputs, the z-score, and the
-delivered-fraction model of each schedule (closed forms, checked against an exact
-enumeration over loss patterns and a Monte Carlo in test_loss_models.py); the
-environment a child Python needs to import what this one did.
+"""Test support shared by the host tests and the SoftRoCE guest's (tests/verbs_guest), so it
+needs numpy only (the guest does not import torch): the inputs every rank derives from its
+rank and the exact results they give, a rank task both sides run, the z-score, the
+delivered-fraction model of each schedule (closed forms, checked against an exact enumeration
+over loss patterns and a Monte Carlo in test_loss_models.py), and the environment a child
+Python needs to import what this one did.
 
 Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
 (LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
@@ -16,6 +18,59 @@ COUNT = 240
 CHUNK_BYTES = 32  # 4 float64 per datagram: 60 datagrams per block
 
 
+# ---- inputs derived from the rank, and their exact results ------------------------------------
+
+def rank_values(rank, count, dtype="float64", integer_valued=True):
+    """Deterministic per-rank input (numpy dtypes; tasks.rank_values adds bfloat16).
+    Integer-valued data sums exactly in every dtype."""
+    base = np.arange(count, dtype=np.int64)
+    values = (base * 7 + rank * 3) % 11 - 5 if integer_valued else np.sin(base + rank) * (rank + 1)
+    return values.astype(dtype)
+
+
+def expected_allreduce(world, count, op="sum", integer_valued=True):
+    """The exact allreduce of rank_values over `world` ranks, in float64."""
+    total = sum(rank_values(rank, count, "float64", integer_valued) for rank in range(world))
+    total = np.asarray(total, dtype=np.float64)
+    return total / world if op == "mean" else total
+
+
+def rank_fill(rank):
+    """The value every element of a rank's tensor holds in the fill tests."""
+    return rank + 1
+
+
+def rank_fill_sum(world):
+    """Their exact sum over `world` ranks."""
+    return sum(rank_fill(rank) for rank in range(world))
+
+
+def fresh_values(seed, trial, rank, count):
+    """Inputs drawn anew for each trial and rank, exchangeable across ranks (as gradients are)."""
+    return np.random.default_rng([seed, trial, rank]).normal(1.0, 1.0, count)
+
+
+def fixed_inputs(world=WORLD, count=COUNT):
+    element = np.arange(count)
+    return [((rank + 1) * (1.0 + element % 5) + 3 * rank).astype(np.float64) for rank in range(world)]
+
+
+def many_large(comm, count, calls):
+    """Rank task: `calls` allreduces of `count` float32 filled with rank_fill, nothing lost
+    allowed. Returns (delivered fraction per call, chunks lost in all, every result exact)."""
+    tensor = np.full(count, rank_fill(comm.rank), dtype=np.float32)
+    fractions, lost, exact = [], 0, True
+    for _ in range(calls):
+        tensor.fill(rank_fill(comm.rank))
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=60.0)
+        fractions.append(stats.delivered_fraction)
+        lost += stats.chunks_lost
+        exact = exact and bool(np.all(tensor == rank_fill_sum(comm.world_size)))
+    return fractions, lost, exact
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
 def standard_error(samples):
     """Standard error of the mean of `samples`."""
     samples = np.asarray(samples)
@@ -29,9 +84,10 @@ def z_score(samples):
     return samples.mean() / error if error > 0 else np.inf * np.sign(samples.mean())
 
 
-def fixed_inputs(world=WORLD, count=COUNT):
-    element = np.arange(count)
-    return [((rank + 1) * (1.0 + element % 5) + 3 * rank).astype(np.float64) for rank in range(world)]
+def relative_error_per_trial(results, truth):
+    """results[rank, trial, element] against the exact truth[element]: per trial, the ranks'
+    average result relative to the truth, averaged over the elements."""
+    return ((np.asarray(results).mean(axis=0) - truth) / truth).mean(axis=1)
 
 
 # ---- the delivered-fraction model ---------------------------------------------------------------
@@ -161,6 +217,8 @@ def simulate_delivered_fraction(algorithm, world, loss, trials, seed=0):
         totals.append(present / world ** 3)  # averaged over ranks and blocks, per N contributions
     return float(np.mean(totals)), float(np.std(totals, ddof=1) / np.sqrt(trials))
 
+
+# ---- rendezvous and child processes -------------------------------------------------------------
 
 def child_pythonpath():
     """PYTHONPATH for a child Python (`python -c` or `-m`, in a subprocess or the rig's guest):

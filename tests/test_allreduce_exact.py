@@ -7,16 +7,11 @@ import pytest
 
 import tasks
 from conftest import get_cluster
+from support import expected_allreduce
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 CHUNK_BYTES = 24  # 6 float32 per datagram: small inputs exercise the multi-chunk path
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32"]
-
-
-def expected(world, count, dtype, op, integer_valued=True):
-    total = sum(tasks.rank_values(r, count, "float64", integer_valued) for r in range(world))
-    total = np.asarray(total, dtype=np.float64)
-    return total / world if op == "mean" else total
 
 
 def element_counts(world):
@@ -32,7 +27,7 @@ def test_exact_without_loss(world, dtype, op, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for count in element_counts(world):
         results = cluster.run(tasks.allreduce_values, count, dtype, op, True, 0.0, 10.0, algorithm)
-        want = expected(world, count, dtype, op)
+        want = expected_allreduce(world, count, op)
         for rank, (result, stats) in enumerate(results):
             assert stats.delivered_fraction == 1.0 and stats.chunks_lost == 0
             if op == "sum" or dtype == "int32" and np.all(want == np.round(want)):
@@ -51,7 +46,7 @@ def test_non_integer_floats_within_rounding(world):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for dtype, tolerance in [("float32", 1e-6), ("float64", 1e-14)]:
         results = cluster.run(tasks.allreduce_values, 997, dtype, "sum", False)
-        want = expected(world, 997, dtype, "sum", integer_valued=False)
+        want = expected_allreduce(world, 997, "sum", integer_valued=False)
         for result, _ in results:
             np.testing.assert_allclose(result, want, rtol=tolerance, atol=tolerance)
 

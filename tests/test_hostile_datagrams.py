@@ -13,6 +13,7 @@ import pytest
 import tasks
 import wire_format
 from conftest import get_cluster, skip_or_fail
+from support import rank_fill_sum
 from ud_transport import _native
 
 WORLD, COUNT, CHUNK_BYTES = 3, 3000, 256
@@ -21,10 +22,6 @@ DROP_COUNTERS = ("dropped_stale", "dropped_duplicate", "dropped_foreign", "dropp
 
 def address(raw):
     return socket.inet_ntoa(raw[:4]), struct.unpack("!H", raw[4:6])[0]
-
-
-def expected():
-    return WORLD * (WORLD + 1) / 2
 
 
 def drops(stats):
@@ -86,7 +83,7 @@ def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
     counted = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
     for call, per_rank in enumerate(outcomes):
         for rank, (tensor, stats) in enumerate(per_rank):
-            assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (call, rank, stats)
+            assert np.all(tensor == rank_fill_sum(WORLD)) and stats.delivered_fraction == 1.0, (call, rank, stats)
             for name, value in drops(stats).items():
                 counted[rank][name] += value
     for rank in range(WORLD):
@@ -191,7 +188,7 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         want.append(counters)
     for rank, (tensor, stats) in enumerate(cluster.run(tasks.stats_after_allreduce, COUNT, 10.0, algorithm)):
         assert stats.sequence == next_sequence
-        assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (rank, stats)
+        assert np.all(tensor == rank_fill_sum(WORLD)) and stats.delivered_fraction == 1.0, (rank, stats)
         assert drops(stats) == want[rank], f"rank {rank}: counted {drops(stats)}, forged {want[rank]}"
 
 
