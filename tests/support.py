@@ -2,8 +2,8 @@
 needs numpy only (the guest does not import torch): the inputs every rank derives from its
 rank and the exact results they give, a rank task both sides run, the z-score, the
 delivered-fraction model of each schedule (closed forms, checked against an exact enumeration
-over loss patterns and a Monte Carlo in test_loss_models.py), and the environment a child
-Python needs to import what this one did.
+over loss patterns and a Monte Carlo in test_loss_models.py), the session a communicator
+agreed on, and the environment a child Python needs to import what this one did.
 
 Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
 (LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
@@ -43,6 +43,25 @@ def rank_fill(rank):
 def rank_fill_sum(world):
     """Their exact sum over `world` ranks."""
     return sum(rank_fill(rank) for rank in range(world))
+
+
+def marked_values(rank, count):
+    """arange(count) + 2**rank: the rank's mark 2**rank tells which contributions an element holds."""
+    return np.arange(count, dtype=np.float64) + 2.0 ** rank
+
+
+def rescaled_marks(world):
+    """{N / |S| * (sum of the marks of S): S} for every nonempty set S of ranks: what an element
+    of the allreduce of marked_values holds beyond N * its index when the contributions of S
+    reached it and were rescaled (the unbiased estimator). Raises if two sets give one value."""
+    marks = {}
+    for size in range(1, world + 1):
+        for ranks in itertools.combinations(range(world), size):
+            value = world / size * sum(2.0 ** rank for rank in ranks)
+            if value in marks:
+                raise ValueError(f"sets {marks[value]} and {ranks} both give {value} in a world of {world}")
+            marks[value] = ranks
+    return marks
 
 
 def fresh_values(seed, trial, rank, count):
@@ -219,6 +238,15 @@ def simulate_delivered_fraction(algorithm, world, loss, trials, seed=0):
 
 
 # ---- rendezvous and child processes -------------------------------------------------------------
+
+def session_id(store):
+    """The session id rank 0 drew for the one communicator that met in `store`. Its key is
+    found, not spelled out: the key names the communicator, and an unnamed one is numbered by
+    the order communicators were created in its process."""
+    keys = [key for key in store.list_keys() if key.startswith("ud_transport/") and key.endswith("/session")]
+    assert len(keys) == 1, f"expected one communicator's session in the store, found {keys}"
+    return int(bytes(store.get(keys[0])).decode(), 16)
+
 
 def child_pythonpath():
     """PYTHONPATH for a child Python (`python -c` or `-m`, in a subprocess or the rig's guest):

@@ -24,10 +24,19 @@ def allreduce_values(comm, count, dtype, op, integer_valued=True, loss_budget=0.
     return result, stats
 
 
+def torch_values(rank, count, dtype_name):
+    """arange(count) + rank as a torch tensor: sums of up to 300 are not all exact in 16-bit floats."""
+    return torch.arange(count, dtype=getattr(torch, dtype_name)) + rank
+
+
 def allreduce_torch(comm, count, dtype_name):
-    tensor = torch.arange(count, dtype=getattr(torch, dtype_name)) + comm.rank
-    stats = comm.allreduce(tensor)
-    return tensor.double().numpy(), stats
+    """torch_values reduced in place: (the tensor's values after the call as float64, stats,
+    whether it kept its storage, dtype and shape)."""
+    tensor = torch_values(comm.rank, count, dtype_name)
+    before = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+    same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape)) == before
+    return tensor.double().numpy(), stats, same
 
 
 def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh_seed=None, algorithm=None):
@@ -69,8 +78,9 @@ def stats_after_allreduce(comm, count, deadline, algorithm=None):
     return tensor, stats
 
 
-def session_of(comm, prefix):
-    return int(bytes(comm.store.get(f"{prefix}/session")).decode(), 16)
+def session_of(comm):
+    """The session id this rank's communicator agreed on (what its datagrams carry)."""
+    return support.session_id(comm.store)
 
 
 def late_allreduce(comm, late_rank, delay_s, deadline):
@@ -249,8 +259,8 @@ def reduce_scatter_trials(comm, count, trials, estimator, seed, algorithm):
 
 
 def allreduce_within_budget(comm, count, loss_budget, deadline):
-    """Returns (result, stats) or (None, the exception)."""
-    tensor = np.arange(count, dtype=np.float32) + comm.rank
+    """Allreduce of support.marked_values in float32. Returns (result, stats) or (None, the exception)."""
+    tensor = support.marked_values(comm.rank, count).astype(np.float32)
     try:
         return tensor, comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
     except ud_transport.TransportError as error:

@@ -51,18 +51,23 @@ def test_non_integer_floats_within_rounding(world):
             np.testing.assert_allclose(result, want, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "float64"])
 def test_torch_tensors_in_place(dtype, world):
+    """On every rank the torch tensor itself (same storage, dtype and shape) holds the exact sum
+    of every rank's input, rounded once to the tensor's own type."""
+    count = 100
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
-    results = cluster.run(tasks.allreduce_torch, 100, dtype)
+    results = cluster.run(tasks.allreduce_torch, count, dtype)
     import torch
 
-    # the exact sum of arange(100) + rank over the ranks, rounded once to the tensor's own type
-    exact = world * np.arange(100) + world * (world - 1) / 2
-    want = torch.tensor(exact, dtype=torch.float64).to(getattr(torch, dtype)).double().numpy()
-    for result, stats in results:
-        np.testing.assert_array_equal(result.astype(np.float64), want)
+    exact = sum(tasks.torch_values(rank, count, "float64") for rank in range(world))
+    want = exact.to(getattr(torch, dtype)).double().numpy()
+    assert len(results) == world
+    for rank, (result, stats, same_tensor) in enumerate(results):
+        assert same_tensor, f"rank {rank}: the result is not in the tensor that was passed"
+        assert stats.delivered_fraction == 1.0 and stats.chunks_lost == 0, f"rank {rank}: {stats}"
+        np.testing.assert_array_equal(result, want, err_msg=f"rank {rank}, {world} ranks, {dtype}")
 
 
 def test_default_chunk_is_the_largest_datagram():

@@ -53,7 +53,7 @@ def stranger_datagrams(rng, session):
 def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     targets = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     quiet_call(cluster)
     stop = threading.Event()
     sent = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
@@ -170,7 +170,7 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         skip_or_fail("forging a peer's source address needs a raw socket (root)")
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     sequences = {stats.sequence for stats in quiet_call(cluster, algorithm)}
     assert len(sequences) == 1
     next_sequence = sequences.pop() + 1
@@ -205,7 +205,7 @@ def test_a_forged_credit_lets_a_sender_send_at_most_one_window():
     cluster = get_cluster(2, chunk_bytes=chunk_bytes, window_bytes=window_chunks * chunk_bytes,
                           credit_refresh_us=10_000_000)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS["ring"], 0, 2, 0, 1)
     max_chunks = count // 2 // (chunk_bytes // 4)
     ceiling = max(g * max_chunks + max_chunks for g, step in enumerate(steps) if step["send_peer"] == 1)
