@@ -12,7 +12,7 @@ mkdir -p "$WORK/corpus" "$WORK/seeds"
 "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Inative \
   tests/fuzz/fuzz_engine.c native/engine.c native/verdict.c native/schedule.c native/elementwise.c \
   native/transport_memory.c -lm -o "$WORK/fuzz_engine"
-PYTHONPATH=. python3 tests/fuzz/make_seeds.py "$WORK/seeds"
+PYTHONPATH=.:tests python3 tests/fuzz/make_seeds.py "$WORK/seeds"
 cd "$WORK"
 ./fuzz_engine -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
   corpus seeds 2>&1 | tail -n 20

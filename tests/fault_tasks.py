@@ -9,14 +9,11 @@ import time
 import numpy as np
 
 import ud_transport
-
-
-def expected_sum(world_size):
-    return world_size * (world_size + 1) / 2
+from support import rank_fill, rank_fill_sum
 
 
 def filled(comm, count):
-    return np.full(count, comm.rank + 1, dtype=np.float32)
+    return np.full(count, rank_fill(comm.rank), dtype=np.float32)
 
 
 def sleep_through(comm, seconds):
@@ -46,7 +43,7 @@ def allreduce_outcome(comm, count, deadline, entering=None):
         error = None
     except ud_transport.TransportError as caught:
         error = caught
-    return error, bool(np.all(tensor == comm.rank + 1)), time.monotonic() - start
+    return error, bool(np.all(tensor == rank_fill(comm.rank))), time.monotonic() - start
 
 
 def regroup_and_allreduce(comm, survivors, count):
@@ -55,9 +52,9 @@ def regroup_and_allreduce(comm, survivors, count):
     comm.close()
     rank = survivors.index(comm.rank)
     with ud_transport.Communicator(rank, len(survivors), comm.store, "udp", comm.options, name="survivors") as regrouped:
-        tensor = np.full(count, rank + 1, dtype=np.float32)
+        tensor = np.full(count, rank_fill(rank), dtype=np.float32)
         stats = regrouped.allreduce(tensor, loss_budget=0.0, deadline=10.0)
-        return bool(np.all(tensor == expected_sum(len(survivors)))), stats.delivered_fraction
+        return bool(np.all(tensor == rank_fill_sum(len(survivors)))), stats.delivered_fraction
 
 
 def _after_entering(seconds, action):
@@ -89,7 +86,7 @@ def allreduce_with_a_pause(comm, paused_rank, count, join_after_s, pause_after_s
         time.sleep(join_after_s)
         _after_entering(pause_after_s, lambda: _pause_self(pause_s)).set()
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
-    return bool(np.all(tensor == expected_sum(comm.world_size))), stats.delivered_fraction, stats.elapsed_s, stats.chunks_lost
+    return bool(np.all(tensor == rank_fill_sum(comm.world_size))), stats.delivered_fraction, stats.elapsed_s, stats.chunks_lost
 
 
 def quick_calls_then_a_straggler(comm, late_rank, delay_s, count, quick_calls):
@@ -102,7 +99,7 @@ def quick_calls_then_a_straggler(comm, late_rank, delay_s, count, quick_calls):
             time.sleep(delay_s)
         tensor = filled(comm, count)
         stats = comm.allreduce(tensor, loss_budget=0.0)
-        outcomes.append((bool(np.all(tensor == expected_sum(comm.world_size))), stats.delivered_fraction,
+        outcomes.append((bool(np.all(tensor == rank_fill_sum(comm.world_size))), stats.delivered_fraction,
                          stats.join_wait_s, stats.deadline_s))
     return outcomes
 

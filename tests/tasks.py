@@ -5,16 +5,16 @@ import time
 import numpy as np
 import torch
 
+import support
 import ud_transport
+from support import many_large  # noqa: F401  a task the SoftRoCE guest runs too, so it lives in support
 
 
 def rank_values(rank, count, dtype, integer_valued=True):
-    """Deterministic per-rank input. Integer-valued data sums exactly in every dtype."""
-    base = np.arange(count, dtype=np.int64)
-    values = (base * 7 + rank * 3) % 11 - 5 if integer_valued else np.sin(base + rank) * (rank + 1)
+    """support.rank_values, and as a torch tensor for bfloat16 (numpy has no such dtype)."""
     if dtype == "bfloat16":
-        return torch.tensor(values, dtype=torch.bfloat16)
-    return values.astype(dtype)
+        return torch.tensor(support.rank_values(rank, count, "float64", integer_valued), dtype=torch.bfloat16)
+    return support.rank_values(rank, count, dtype, integer_valued)
 
 
 def allreduce_values(comm, count, dtype, op, integer_valued=True, loss_budget=0.0, deadline=10.0, algorithm=None):
@@ -24,10 +24,19 @@ def allreduce_values(comm, count, dtype, op, integer_valued=True, loss_budget=0.
     return result, stats
 
 
+def torch_values(rank, count, dtype_name):
+    """arange(count) + rank as a torch tensor: sums of up to 300 are not all exact in 16-bit floats."""
+    return torch.arange(count, dtype=getattr(torch, dtype_name)) + rank
+
+
 def allreduce_torch(comm, count, dtype_name):
-    tensor = torch.arange(count, dtype=getattr(torch, dtype_name)) + comm.rank
-    stats = comm.allreduce(tensor)
-    return tensor.double().numpy(), stats
+    """torch_values reduced in place: (the tensor's values after the call as float64, stats,
+    whether it kept its storage, dtype and shape)."""
+    tensor = torch_values(comm.rank, count, dtype_name)
+    before = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+    stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+    same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape)) == before
+    return tensor.double().numpy(), stats, same
 
 
 def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh_seed=None, algorithm=None):
@@ -38,26 +47,12 @@ def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh
         if fresh_seed is None:
             values = inputs_per_rank[comm.rank].copy()
         else:
-            values = np.random.default_rng([fresh_seed, trial, comm.rank]).normal(1.0, 1.0, inputs_per_rank).astype(np.float64)
+            values = support.fresh_values(fresh_seed, trial, comm.rank, inputs_per_rank)
         inputs.append(values.copy())
         stats = comm.allreduce(values, loss_budget=loss_budget, deadline=10.0, estimator=estimator, algorithm=algorithm)
         results.append(values)
         fractions.append(stats.delivered_fraction)
     return np.array(results), np.array(inputs), np.array(fractions)
-
-
-def many_large(comm, count, calls):
-    tensor = np.full(count, comm.rank + 1, dtype=np.float32)
-    fractions, lost = [], 0
-    expected = comm.world_size * (comm.world_size + 1) / 2
-    exact = True
-    for _ in range(calls):
-        tensor.fill(comm.rank + 1)
-        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=60.0)
-        fractions.append(stats.delivered_fraction)
-        lost += stats.chunks_lost
-        exact = exact and bool(np.all(tensor == expected))
-    return fractions, lost, exact
 
 
 def allreduce_catching(comm, count, loss_budget, deadline):
@@ -78,22 +73,23 @@ def address_of(comm):
 
 
 def stats_after_allreduce(comm, count, deadline, algorithm=None):
-    tensor = np.full(count, comm.rank + 1, dtype=np.float32)
+    tensor = np.full(count, support.rank_fill(comm.rank), dtype=np.float32)
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline, algorithm=algorithm)
     return tensor, stats
 
 
-def session_of(comm, prefix):
-    return int(bytes(comm.store.get(f"{prefix}/session")).decode(), 16)
+def session_of(comm):
+    """The session id this rank's communicator agreed on (what its datagrams carry)."""
+    return support.session_id(comm.store)
 
 
 def late_allreduce(comm, late_rank, delay_s, deadline):
     """One rank joins late; everyone else is already waiting."""
     if comm.rank == late_rank:
         time.sleep(delay_s)
-    tensor = np.full(1000, comm.rank + 1, dtype=np.float32)
+    tensor = np.full(1000, support.rank_fill(comm.rank), dtype=np.float32)
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
-    return bool(np.all(tensor == comm.world_size * (comm.world_size + 1) / 2)), stats.delivered_fraction
+    return bool(np.all(tensor == support.rank_fill_sum(comm.world_size))), stats.delivered_fraction
 
 
 def mismatched_allreduce(comm, deadline):
@@ -257,7 +253,7 @@ def reduce_scatter_trials(comm, count, trials, estimator, seed, algorithm):
     start, stop = comm.shard_range(count)
     shards, inputs = [], []
     for trial in range(trials):
-        values = np.random.default_rng([seed, trial, comm.rank]).normal(1.0, 1.0, count)
+        values = support.fresh_values(seed, trial, comm.rank, count)
         output = np.zeros(stop - start)
         comm.reduce_scatter(values, output, loss_budget=1.0, deadline=10.0, estimator=estimator, algorithm=algorithm)
         shards.append(output)
@@ -266,8 +262,8 @@ def reduce_scatter_trials(comm, count, trials, estimator, seed, algorithm):
 
 
 def allreduce_within_budget(comm, count, loss_budget, deadline):
-    """Returns (result, stats) or (None, the exception)."""
-    tensor = np.arange(count, dtype=np.float32) + comm.rank
+    """Allreduce of support.marked_values in float32. Returns (result, stats) or (None, the exception)."""
+    tensor = support.marked_values(comm.rank, count).astype(np.float32)
     try:
         return tensor, comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
     except ud_transport.TransportError as error:
@@ -337,10 +333,10 @@ def allreduces_across_wrap(comm, last_sequence, calls, algorithm):
     """Set the sequence number of the last call on this rank (every rank alike),
     then run `calls` allreduces: (sequences seen, all exact, delivered fractions)."""
     comm._engine.set_sequence(last_sequence)
-    expected = comm.world_size * (comm.world_size + 1) / 2
+    expected = support.rank_fill_sum(comm.world_size)
     sequences, exact, fractions = [], True, []
     for _ in range(calls):
-        tensor = np.full(2000, comm.rank + 1, dtype=np.float32)
+        tensor = np.full(2000, support.rank_fill(comm.rank), dtype=np.float32)
         stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
         sequences.append(stats.sequence)
         fractions.append(stats.delivered_fraction)
@@ -368,9 +364,9 @@ def resize_during_call(comm, late_rank, delay_s, kind):
     import weakref
 
     count = 4096
-    make = (lambda: np.full(count, comm.rank + 1, dtype=np.float32)) if kind == "numpy" else \
-        (lambda: torch.full((count,), float(comm.rank + 1)))
-    expected = comm.world_size * (comm.world_size + 1) / 2
+    make = (lambda: np.full(count, support.rank_fill(comm.rank), dtype=np.float32)) if kind == "numpy" else \
+        (lambda: torch.full((count,), float(support.rank_fill(comm.rank))))
+    expected = support.rank_fill_sum(comm.world_size)
     if comm.rank == late_rank:
         time.sleep(delay_s)
         tensor = make()
@@ -441,9 +437,9 @@ def alone_allreduce_sent(comm, count, deadline, algorithm):
 
 
 def call_dependent_allreduce(comm, count, call, algorithm=None):
-    """Inputs that differ from call to call ((rank + 1) + 1000 * call), so a datagram of an earlier
+    """Inputs that differ from call to call (rank_fill + 1000 * call), so a datagram of an earlier
     call admitted into this one would change the result. Returns (exact?, stats)."""
-    tensor = np.full(count, comm.rank + 1 + 1000 * call, dtype=np.float32)
+    tensor = np.full(count, support.rank_fill(comm.rank) + 1000 * call, dtype=np.float32)
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
-    expected = comm.world_size * (comm.world_size + 1) / 2 + 1000 * call * comm.world_size
+    expected = support.rank_fill_sum(comm.world_size) + 1000 * call * comm.world_size
     return bool(np.all(tensor == expected)), stats

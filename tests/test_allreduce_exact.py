@@ -7,16 +7,11 @@ import pytest
 
 import tasks
 from conftest import get_cluster
+from support import expected_allreduce
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 CHUNK_BYTES = 24  # 6 float32 per datagram: small inputs exercise the multi-chunk path
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32"]
-
-
-def expected(world, count, dtype, op, integer_valued=True):
-    total = sum(tasks.rank_values(r, count, "float64", integer_valued) for r in range(world))
-    total = np.asarray(total, dtype=np.float64)
-    return total / world if op == "mean" else total
 
 
 def element_counts(world):
@@ -32,7 +27,7 @@ def test_exact_without_loss(world, dtype, op, algorithm):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for count in element_counts(world):
         results = cluster.run(tasks.allreduce_values, count, dtype, op, True, 0.0, 10.0, algorithm)
-        want = expected(world, count, dtype, op)
+        want = expected_allreduce(world, count, op)
         for rank, (result, stats) in enumerate(results):
             assert stats.delivered_fraction == 1.0 and stats.chunks_lost == 0
             if op == "sum" or dtype == "int32" and np.all(want == np.round(want)):
@@ -51,23 +46,28 @@ def test_non_integer_floats_within_rounding(world):
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
     for dtype, tolerance in [("float32", 1e-6), ("float64", 1e-14)]:
         results = cluster.run(tasks.allreduce_values, 997, dtype, "sum", False)
-        want = expected(world, 997, dtype, "sum", integer_valued=False)
+        want = expected_allreduce(world, 997, "sum", integer_valued=False)
         for result, _ in results:
             np.testing.assert_allclose(result, want, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "float64"])
 def test_torch_tensors_in_place(dtype, world):
+    """On every rank the torch tensor itself (same storage, dtype and shape) holds the exact sum
+    of every rank's input, rounded once to the tensor's own type."""
+    count = 100
     cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
-    results = cluster.run(tasks.allreduce_torch, 100, dtype)
+    results = cluster.run(tasks.allreduce_torch, count, dtype)
     import torch
 
-    # the exact sum of arange(100) + rank over the ranks, rounded once to the tensor's own type
-    exact = world * np.arange(100) + world * (world - 1) / 2
-    want = torch.tensor(exact, dtype=torch.float64).to(getattr(torch, dtype)).double().numpy()
-    for result, stats in results:
-        np.testing.assert_array_equal(result.astype(np.float64), want)
+    exact = sum(tasks.torch_values(rank, count, "float64") for rank in range(world))
+    want = exact.to(getattr(torch, dtype)).double().numpy()
+    assert len(results) == world
+    for rank, (result, stats, same_tensor) in enumerate(results):
+        assert same_tensor, f"rank {rank}: the result is not in the tensor that was passed"
+        assert stats.delivered_fraction == 1.0 and stats.chunks_lost == 0, f"rank {rank}: {stats}"
+        np.testing.assert_array_equal(result, want, err_msg=f"rank {rank}, {world} ranks, {dtype}")
 
 
 def test_default_chunk_is_the_largest_datagram():

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import ud_transport
 import wire_format
 from conftest import skip_or_fail
+from support import session_id
 from ud_transport import _native
 from ud_transport import options as options_module
 from ud_transport.communicator import Communicator
@@ -58,7 +59,7 @@ class Job:
             thread.start()
         for thread in threads:
             thread.join()
-        self.session = int(bytes(master.get("ud_transport/properties/session")).decode(), 16)
+        self.session = session_id(master)
         self.addresses = [(socket.inet_ntoa(c.address[:4]), struct.unpack("!H", c.address[4:6])[0]) for c in self.comms]
         self.sequence = 0  # of the last call started
         self.pool = ThreadPoolExecutor(WORLD)

@@ -82,7 +82,7 @@ def test_a_flood_of_replays_and_forgeries_leaves_every_result_exact(algorithm):
     # without GSO every datagram crosses loopback as itself, so a replay is one real datagram
     with LocalCluster(WORLD, chunk_bytes=CHUNK_BYTES, environment={"UD_UDP_GSO": "0"}) as cluster:
         addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
-        session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+        session = cluster.run(tasks.session_of, ranks=[0])[0]
         stop, captured = threading.Event(), []
         sniffer = threading.Thread(target=capture_on_loopback, args=({p for _, p in addresses}, stop, captured))
         sniffer.start()

@@ -17,15 +17,14 @@ import sys
 import pytest
 
 from conftest import skip_or_fail
+from support import child_environment
 from ud_transport import transports
 from ud_transport.options import Options
 
 MIB = 1 << 20
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 PROBE = r"""
-import json, socket, sys
-sys.path[:0] = {paths!r}
+import json, socket
 import tasks
 from ud_transport.local_cluster import LocalCluster
 
@@ -61,9 +60,9 @@ def test_large_allreduces_without_cap_net_admin_deliver_everything_and_warn_once
     if rmem_max() >= asked:
         skip_or_fail(f"net.core.rmem_max={rmem_max()} already grants the {asked} bytes asked: nothing is capped here")
     plan = [(2, 32 * MIB, 4), (4, 64 * MIB, 3)]
-    script = PROBE.format(paths=[HERE, os.path.dirname(HERE)], plan=plan)
+    script = PROBE.format(plan=plan)
     run = subprocess.run(["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=1500, cwd=HERE)
+                         capture_output=True, text=True, timeout=1500, env=child_environment())
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.split("REPORT ", 1)[1])
     assert not report["forced"], "CAP_NET_ADMIN was not dropped: SO_RCVBUFFORCE took"

@@ -13,6 +13,7 @@ import pytest
 import tasks
 import wire_format
 from conftest import get_cluster, skip_or_fail
+from support import rank_fill_sum
 from ud_transport import _native
 
 WORLD, COUNT, CHUNK_BYTES = 3, 3000, 256
@@ -21,10 +22,6 @@ DROP_COUNTERS = ("dropped_stale", "dropped_duplicate", "dropped_foreign", "dropp
 
 def address(raw):
     return socket.inet_ntoa(raw[:4]), struct.unpack("!H", raw[4:6])[0]
-
-
-def expected():
-    return WORLD * (WORLD + 1) / 2
 
 
 def drops(stats):
@@ -56,7 +53,7 @@ def stranger_datagrams(rng, session):
 def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     targets = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     quiet_call(cluster)
     stop = threading.Event()
     sent = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
@@ -86,7 +83,7 @@ def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
     counted = [dict.fromkeys(DROP_COUNTERS, 0) for _ in range(WORLD)]
     for call, per_rank in enumerate(outcomes):
         for rank, (tensor, stats) in enumerate(per_rank):
-            assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (call, rank, stats)
+            assert np.all(tensor == rank_fill_sum(WORLD)) and stats.delivered_fraction == 1.0, (call, rank, stats)
             for name, value in drops(stats).items():
                 counted[rank][name] += value
     for rank in range(WORLD):
@@ -173,7 +170,7 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         skip_or_fail("forging a peer's source address needs a raw socket (root)")
     cluster = get_cluster(WORLD, chunk_bytes=CHUNK_BYTES)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     sequences = {stats.sequence for stats in quiet_call(cluster, algorithm)}
     assert len(sequences) == 1
     next_sequence = sequences.pop() + 1
@@ -191,7 +188,7 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
         want.append(counters)
     for rank, (tensor, stats) in enumerate(cluster.run(tasks.stats_after_allreduce, COUNT, 10.0, algorithm)):
         assert stats.sequence == next_sequence
-        assert np.all(tensor == expected()) and stats.delivered_fraction == 1.0, (rank, stats)
+        assert np.all(tensor == rank_fill_sum(WORLD)) and stats.delivered_fraction == 1.0, (rank, stats)
         assert drops(stats) == want[rank], f"rank {rank}: counted {drops(stats)}, forged {want[rank]}"
 
 
@@ -208,7 +205,7 @@ def test_a_forged_credit_lets_a_sender_send_at_most_one_window():
     cluster = get_cluster(2, chunk_bytes=chunk_bytes, window_bytes=window_chunks * chunk_bytes,
                           credit_refresh_us=10_000_000)
     addresses = [address(a) for a, _ in cluster.run(tasks.address_of)]
-    session = cluster.run(tasks.session_of, "ud_transport/comm0", ranks=[0])[0]
+    session = cluster.run(tasks.session_of, ranks=[0])[0]
     _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, wire_format.ALGORITHMS["ring"], 0, 2, 0, 1)
     max_chunks = count // 2 // (chunk_bytes // 4)
     ceiling = max(g * max_chunks + max_chunks for g, step in enumerate(steps) if step["send_peer"] == 1)

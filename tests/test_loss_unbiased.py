@@ -14,7 +14,7 @@ import pytest
 
 import tasks
 from conftest import get_cluster
-from support import CHUNK_BYTES, COUNT, DELIVERED_FRACTION, WORLD, fixed_inputs, z_score
+from support import CHUNK_BYTES, COUNT, DELIVERED_FRACTION, WORLD, fixed_inputs, relative_error_per_trial, z_score
 
 Z_LIMIT = 4.0
 ALGORITHMS = ["ring", "direct"]
@@ -37,7 +37,7 @@ def test_fixed_inputs_unbiased_and_zero_fill_rejected(loss, trials, algorithm):
         runs = cluster.run(tasks.repeated_trials, inputs, trials, 1.0, estimator, None, algorithm)
         results = np.array([r[0] for r in runs])  # rank, trial, element
         fractions = np.array([r[2] for r in runs])
-        relative_error = ((results.mean(axis=0) - truth) / truth).mean(axis=1)  # per trial
+        relative_error = relative_error_per_trial(results, truth)
         per_estimator[estimator] = (z_score(relative_error), relative_error.mean(), fractions.mean())
     z, bias, delivered = per_estimator["unbiased"]
     assert abs(z) < Z_LIMIT, f"unbiased estimator rejected: mean relative error {bias:.4f}, z = {z:.2f}"

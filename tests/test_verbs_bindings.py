@@ -16,13 +16,11 @@ import pytest
 
 from ud_transport import options, transports, verbs_extension
 from ud_transport.errors import TransportError
+from verbs_guest import rig_session
 
 verbs = verbs_extension.load()
 if verbs is None:  # a UDP-only build; tests/test_optional_verbs.py covers that case
     pytest.skip(verbs_extension.problem(), allow_module_level=True)
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "verbs_guest"))
-import rig_session  # noqa: E402
 
 HAS_RDMA = verbs.verbs_active_device_count() > 0
 

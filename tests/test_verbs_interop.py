@@ -4,15 +4,10 @@ The work is in tests/verbs_guest/guest_interop.py (our engine and transport) and
 tests/verbs_guest/pyverbs_peer.py (the peer, run by /usr/bin/python3 with python3-pyverbs);
 both run in the SoftRoCE guest, in the one boot the verbs test files share.
 """
-import os
-import sys
-
 import pytest
 
 from conftest import skip_or_fail
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "verbs_guest"))
-import rig_session  # noqa: E402
+from verbs_guest import rig_session
 
 
 @pytest.mark.rig

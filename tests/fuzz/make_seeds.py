@@ -1,14 +1,14 @@
 """Seed corpus for fuzz_engine.c: for every collective and algorithm, what
 rank 0's peers really send it (data for every receive step, END markers,
 credits, a verdict, JOIN requests and replies), as records the harness fixes up (flag bit 0) with the
-call's session, sequence and layout. Usage: make_seeds.py DIRECTORY"""
+call's session, sequence and layout. Usage, from the repository's root (tests/ on PYTHONPATH
+for wire_format): PYTHONPATH=.:tests python3 tests/fuzz/make_seeds.py DIRECTORY"""
 import pathlib
 import struct
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-import wire_format  # noqa: E402
-from ud_transport import _native  # noqa: E402
+import wire_format
+from ud_transport import _native
 
 WORLD, COUNT, CHUNK_ELEMENTS = 3, 96, 16
 

@@ -8,7 +8,6 @@ compare the rows with each other, not with hardware.
 """
 import argparse
 import multiprocessing
-import os
 import re
 import statistics
 import subprocess
@@ -18,10 +17,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import run_ranks  # noqa: E402
-
-from ud_transport import _verbs as verbs  # noqa: E402
+from ranks import run_ranks  # a script: its own directory is sys.path[0]
+from ud_transport import _verbs as verbs
 
 SESSION = 0x5EED
 

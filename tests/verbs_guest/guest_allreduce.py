@@ -5,7 +5,6 @@ processes with the production Communicator on transport="verbs" (see ranks.py fo
 LocalCluster). Exact at zero loss for world sizes 2, 3 and 4; a large call delivers 100%
 (the receive queue covers the window); "auto" picks verbs; device and GID options are honored.
 """
-import os
 import tempfile
 
 import numpy as np
@@ -13,8 +12,9 @@ import pytest
 
 import ud_transport
 from conftest import skip_or_fail
-from ranks import run_ranks
+from support import expected_allreduce, many_large, rank_values
 from ud_transport import _native as native, _verbs as verbs
+from verbs_guest.ranks import run_ranks
 
 # TCG runs ~15x slower than the host and 4 ranks share 2 vCPUs: a healthy upstream can pause
 # for many milliseconds, so the engine's idle-after-loss close is stretched to match.
@@ -32,12 +32,6 @@ def rdma_device():
 
 def store_directory():
     return tempfile.mkdtemp(prefix="udt-store-")
-
-
-def rank_values(rank, count, dtype):
-    """Integer-valued inputs (same formula as tests/tasks.py): sums are exact in every dtype."""
-    base = np.arange(count, dtype=np.int64)
-    return ((base * 7 + rank * 3) % 11 - 5).astype(dtype)
 
 
 def element_counts(world):
@@ -62,8 +56,7 @@ def test_exact_without_loss(world):
     for rank, (cases, transport) in enumerate(results):
         assert transport == "verbs"
         for dtype, op, count, result, delivered, lost in cases:
-            total = sum(rank_values(r, count, "float64") for r in range(world))
-            want = total / world if op == "mean" else total
+            want = expected_allreduce(world, count, op)
             where = f"rank {rank} {dtype} {op} count {count}"
             assert delivered == 1.0 and lost == 0, where
             if dtype == "int32":
@@ -77,15 +70,7 @@ def test_exact_without_loss(world):
 
 
 def large_calls(comm, count, calls):
-    fractions, lost, exact = [], 0, True
-    expected = comm.world_size * (comm.world_size + 1) / 2
-    for _ in range(calls):
-        tensor = np.full(count, comm.rank + 1, dtype=np.float32)
-        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=60.0)
-        fractions.append(stats.delivered_fraction)
-        lost += stats.chunks_lost
-        exact = exact and bool(np.all(tensor == expected))
-    return fractions, lost, exact, comm.chunk_bytes
+    return (*many_large(comm, count, calls), comm.chunk_bytes)
 
 
 def test_large_allreduce_at_full_mtu_delivers_everything():

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, skip_or_fail
+from support import child_pythonpath
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GUEST_DIR = Path(__file__).resolve().parent
@@ -104,12 +105,12 @@ def two_guest_run(trials, netem_loss="10%", timeout=600):
     from ud_transport.rig import run_detailed
 
     scratch = tempfile.mkdtemp(prefix="udt-verbs2-")
-    argv = [sys.executable, str(GUEST_DIR / "two_node.py"), "--store", os.path.join(scratch, "store"),
+    argv = [sys.executable, "-m", "verbs_guest.two_node", "--store", os.path.join(scratch, "store"),
             "--out", scratch, "--trials", str(trials)]
     output = io.StringIO()
     started = time.monotonic()
-    results = run_detailed(argv, cwd=REPO_ROOT, nodes=2, netem_loss=netem_loss, shares=[scratch], timeout=timeout,
-                           output=output)
+    results = run_detailed(argv, cwd=REPO_ROOT, env={"PYTHONPATH": child_pythonpath()}, nodes=2, netem_loss=netem_loss,
+                           shares=[scratch], timeout=timeout, output=output)
     seconds = time.monotonic() - started
     ranks = {}
     for rank in range(4):

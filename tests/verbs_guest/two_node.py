@@ -1,6 +1,6 @@
 """One guest's half of the two-guest test: 2 guests x 2 ranks over rxe, real netem loss.
 
-    python tests/verbs_guest/two_node.py --store DIR/store --out DIR --trials 40
+    PYTHONPATH=tests python -m verbs_guest.two_node --store DIR/store --out DIR --trials 40
 
 Node N (UD_RIG_NODE) runs ranks 2N and 2N+1 of a world of 4, sharing its rxe device; the two
 guests rendezvous through a DirectoryStore on the 9p share both mount. Ring hops 1->2 and 3->0
@@ -17,23 +17,19 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import run_ranks  # noqa: E402
+from support import fresh_values
+from verbs_guest.ranks import run_ranks
 
 WORLD, COUNT, SEED = 4, 4096, 20260
 OPTIONS = {"chunk_bytes": 256, "window_bytes": 256 << 10, "idle_close_us": 500_000, "deadline_cap_s": 60.0}
-
-
-def rank_input(trial, rank):
-    return np.random.default_rng([SEED, trial, rank]).normal(1.0, 1.0, COUNT)
 
 
 def trials(comm, count, deadline):
     rows = []
     for trial in range(count):
         estimator = "unbiased" if trial % 2 == 0 else "zero_fill"
-        values = rank_input(trial, comm.rank)
-        truth = sum(rank_input(trial, r) for r in range(comm.world_size))
+        values = fresh_values(SEED, trial, comm.rank, COUNT)
+        truth = sum(fresh_values(SEED, trial, r, COUNT) for r in range(comm.world_size))
         start = time.monotonic()
         # the ring: the test compares against the ring's loss model with crossing hops (test_verbs_allreduce.py)
         stats = comm.allreduce(values, loss_budget=1.0, deadline=deadline, estimator=estimator, algorithm="ring")
