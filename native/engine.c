@@ -490,7 +490,9 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
         p->early_credit_sequence = h->sequence;
         p->early_credit_layout = h->layout_tag;
         p->early_credit_valid = 1;
-        udt_verdict_peer_moved_on(c, comm, peer);
+        /* Not taken as the peer's acknowledgement of our verdict: a credit carries no verdict, so
+         * anyone could forge it and cut our verdict off from a peer that lacks it. A peer that has
+         * moved on answers our verdict with its own (HAVE_YOURS) at once. */
     }
 }
 
@@ -538,11 +540,10 @@ static int on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_
         udt_hear(c, comm, peer, now);
         return request ? send_join(c, comm, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY) : 0;
     }
-    if (h->sequence == c->sequence + 1) { /* it is in our next call, so it is done with this one */
+    if (h->sequence == c->sequence + 1) { /* it is in our next call (not taken as an acknowledgement: see on_credit) */
         p->early_join_sequence = h->sequence;
         p->early_join_valid = 1;
         udt_hear(c, comm, peer, now);
-        udt_verdict_peer_moved_on(c, comm, peer);
         return 0; /* we are not in that call yet: it asks again */
     }
     if (request && comm->have_last_verdict && h->sequence == comm->last_verdict_sequence)

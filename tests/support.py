@@ -239,15 +239,6 @@ def simulate_delivered_fraction(algorithm, world, loss, trials, seed=0):
 
 # ---- rendezvous and child processes -------------------------------------------------------------
 
-def session_id(store):
-    """The session id rank 0 drew for the one communicator that met in `store`. Its key is
-    found, not spelled out: the key names the communicator, and an unnamed one is numbered by
-    the order communicators were created in its process."""
-    keys = [key for key in store.list_keys() if key.startswith("ud_transport/") and key.endswith("/session")]
-    assert len(keys) == 1, f"expected one communicator's session in the store, found {keys}"
-    return int(bytes(store.get(keys[0])).decode(), 16)
-
-
 def child_pythonpath():
     """PYTHONPATH for a child Python (`python -c` or `-m`, in a subprocess or the rig's guest):
     tests/ and the ud_transport this process imported first, so the child imports the same test

@@ -61,6 +61,7 @@ class Communicator:
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
+        self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
         endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id)
         # Everyone publishes its address and the largest datagram it can take;
         # all ranks then use the same chunk size, which fits everyone's MTU.
