@@ -4,6 +4,7 @@
     ud_transport.init()                        # torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     stats = ud_transport.allreduce(tensor, loss_budget=0.1)
 """
+import inspect
 import logging
 import os
 
@@ -29,13 +30,40 @@ _default = None
 
 
 def init(rank=None, world_size=None, *, store=None, transport="auto", **options):
-    """Create a Communicator and make it the default one.
+    """Create a Communicator and make it the default one (closing the previous default).
 
-    With no arguments, reads torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT. `store` is any torch.distributed Store; without one a TCPStore
-    at MASTER_ADDR:MASTER_PORT is used. `transport` is "auto", "udp" or
-    "verbs" (UD_TRANSPORT overrides). Other keywords are Options fields, e.g.
-    chunk_bytes=, deadline_cap_s=, inject=Bernoulli(0.1, seed=1)."""
+    Parameters
+    ----------
+    rank, world_size : int, optional
+        None reads torchrun's ``RANK`` and ``WORLD_SIZE``.
+    store : torch.distributed.Store, optional
+        Where the ranks meet; None connects a TCPStore at ``MASTER_ADDR``:``MASTER_PORT``.
+    transport : {"auto", "udp", "verbs"}, default "auto"
+        "auto" takes verbs when an RDMA port is active, else UDP (``UD_TRANSPORT`` overrides).
+    **options
+        Fields of ``ud_transport.Options``, e.g. ``chunk_bytes=``, ``deadline_cap_s=``,
+        ``inject=Bernoulli(0.1, seed=1)``; unset ones come from the environment (README,
+        "Environment variables"), then the defaults.
+
+    Returns
+    -------
+    Communicator
+
+    Raises
+    ------
+    ValueError
+        No rank or world size, or a rank outside the world (before any network activity).
+    TypeError
+        An unknown option.
+    TransportError
+        The rendezvous failed within ``store_timeout_s``, or the transport could not open.
+
+    Examples
+    --------
+    >>> import ud_transport                                   # doctest: +SKIP
+    >>> ud_transport.init()                                   # under torchrun  # doctest: +SKIP
+    >>> ud_transport.allreduce(gradient, loss_budget=0.1)     # doctest: +SKIP
+    """
     global _default
     from . import options as options_module
     from . import rendezvous
@@ -60,6 +88,13 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
 
 
 def get_default():
+    """The communicator init() made.
+
+    Raises
+    ------
+    TransportError
+        There is none, or it was closed.
+    """
     if _default is None or _default.closed:
         raise TransportError("no default communicator: call ud_transport.init() first")
     return _default
@@ -92,8 +127,18 @@ def agree(value, **keywords):
 
 
 def close():
-    """Close the default communicator, if any."""
+    """Close the default communicator, if any (safe to call more than once)."""
     global _default
     if _default is not None:
         _default.close()
         _default = None
+
+
+def _on_the_default(function, method):
+    function.__doc__ = (f"{method.__name__} on the default communicator (made by ud_transport.init()).\n\n"
+                        f"Same as ``ud_transport.get_default().{method.__name__}(...)``:\n\n" + inspect.getdoc(method))
+
+
+for _function in (allreduce, reduce_scatter, all_gather, broadcast, agree):
+    _on_the_default(_function, getattr(Communicator, _function.__name__))
+del _function

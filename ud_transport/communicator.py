@@ -33,16 +33,89 @@ def _seconds(deadline):
     return seconds
 
 
+# Shared sections of the collectives' docstrings (filled in by _documented).
+_CALL_PARAMETERS = """loss_budget : float in [0, 1], optional
+            The most of the result that may be missing: the fraction of contributions that did not
+            reach their owners, and the fraction of some rank's result not refreshed. None takes
+            ``Options.default_loss_budget`` (0.1). 0 asks for an exact call (it fails rather than
+            estimate).
+        deadline : float or datetime.timedelta, optional
+            Seconds the data phase may last, counted from when every rank is in the call. None
+            adapts: 4x what recent calls of this size took, between 1 s and
+            ``Options.deadline_cap_s``.
+        algorithm : {"auto", "ring", "direct"}, optional
+            The schedule; None takes ``Options.algorithm``. Every rank must pass the same."""
+_CALL_RAISES = """Returns
+        -------
+        CollectiveStats
+            The agreed fractions (``delivered_fraction``, ``reduce_fraction``,
+            ``gather_fraction``), times and per-call counters, the same on every rank.
+
+        Raises
+        ------
+        LossBudgetExceeded
+            More than ``loss_budget`` was missing at the deadline (``.stats`` says how much).
+        PeerTimeout
+            A rank did not join, went silent, or is gone (``.rank`` names it).
+        LayoutMismatch
+            Ranks called with another collective, size, dtype, op or root (``.rank``).
+        TransportError
+            The transport failed (``.call``, ``.errno``, ``.object`` name a failed system call),
+            or the communicator is closed.
+        TypeError, ValueError
+            Bad arguments, before anything is sent.
+
+        Every rank raises the same error, and the caller's tensors keep their values on any error."""
+
+
+def _documented(method):
+    method.__doc__ = method.__doc__.replace("{call_parameters}", _CALL_PARAMETERS).replace("{call_raises}", _CALL_RAISES)
+    return method
+
+
 # Communicators are created in the same order on every rank, so a per-process
 # counter names each one's keys in the shared store identically everywhere.
 _creation_counter = itertools.count()
 
 
 class Communicator:
+    """One rank's endpoint of a group of ranks that run collectives over unreliable datagrams.
+
+    Usually made by ``ud_transport.init()``. Collectives are serialized per communicator and
+    run in C with the GIL released; lost datagrams are never retransmitted (see README, "What a
+    call does, and what it promises").
+
+    Parameters
+    ----------
+    rank, world_size : int
+        This rank and the number of ranks, 0 <= rank < world_size <= 4096.
+    store : torch.distributed.Store
+        Where the ranks meet: addresses, the session id and an identity check are exchanged.
+    transport : {"auto", "udp", "verbs"}
+        "auto" picks verbs when an RDMA port is active, else UDP (``UD_TRANSPORT`` overrides).
+    options : Options
+        From ``ud_transport.options.build(...)``.
+    name : str, optional
+        Keys this communicator's rendezvous in `store`. Without one, communicators are numbered
+        in creation order (the same on every rank only if every rank creates the same ones:
+        name those that differ).
+
+    Raises
+    ------
+    TransportError
+        The rendezvous failed within ``options.store_timeout_s`` (a rank missing or disagreeing),
+        or the transport could not open (``.call``/``.errno``/``.object`` say which call failed).
+    ValueError
+        A rank outside the world, or a world larger than supported.
+
+    Examples
+    --------
+    >>> comm = ud_transport.Communicator(rank, 4, store, "udp", options.build())  # doctest: +SKIP
+    >>> with comm:                                                                 # doctest: +SKIP
+    ...     stats = comm.allreduce(gradient, loss_budget=0.1)
+    """
+
     def __init__(self, rank, world_size, store, transport, options, *, name=None):
-        """`name` keys this communicator's rendezvous in `store`; without one,
-        communicators are numbered in creation order (the same on every rank
-        only if every rank creates the same ones: name those that differ)."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         if world_size > _native.MAX_WORLD_SIZE:
@@ -101,52 +174,139 @@ class Communicator:
     # -- collectives ------------------------------------------------------
 
     def shard_range(self, count, rank=None):
-        """Elements [start, stop) of `rank`'s shard when `count` elements are
-        split over the ranks (as evenly as possible; equal when divisible)."""
+        """Elements [start, stop) of `rank`'s shard when `count` elements are split over the ranks.
+
+        Shards are as even as possible and equal when `count` divides by the world size.
+
+        Parameters
+        ----------
+        count : int
+            Elements of the full tensor.
+        rank : int, optional
+            Whose shard; None is this rank.
+
+        Returns
+        -------
+        (int, int)
+            start and stop.
+
+        Examples
+        --------
+        >>> comm.shard_range(10)  # rank 1 of 4  # doctest: +SKIP
+        (2, 5)
+        """
         rank = self.rank if rank is None else rank
         return (_native.block_start(count, self.world_size, rank), _native.block_start(count, self.world_size, rank + 1))
 
+    @_documented
     def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
-        """Reduce `tensor` across ranks in place and return CollectiveStats.
+        """Reduce `tensor` across ranks, in place.
 
-        Lost datagrams are not retransmitted: the result is an unbiased
-        estimate (see README). Each shard's owner rescales what reached it by
-        N / contributions; where the owner's result does not reach a rank,
-        that rank keeps its own partial rescaled the same way (unbiased, noisier)
-        or zero with estimator="zero_fill". Raises LossBudgetExceeded if more
-        than `loss_budget` of the contributions are missing at their owners or
-        of some rank's result is filled, PeerTimeout if a rank was not heard
-        from, LayoutMismatch if ranks called differently; every rank raises
-        the same error, and the tensor keeps its values then."""
+        Lost datagrams are not retransmitted: the result is an unbiased estimate. Each shard's
+        owner rescales what reached it by N / contributions; where the owner's result does not
+        reach a rank, that rank keeps its own partial rescaled the same way (unbiased, noisier),
+        or zero with ``estimator="zero_fill"``. The ranks agree on one verdict per call.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            Contiguous, writable, on the CPU; float32, float64, float16, bfloat16 (accumulated in
+            float32) or int32. Every rank passes the same size and dtype.
+        op : {"sum", "mean", "avg"}, ReduceOp or torch.distributed.ReduceOp, default "sum"
+        estimator : {"unbiased", "zero_fill"} or Estimator, optional
+            How a hole is filled; None takes ``Options.estimator``.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> stats = comm.allreduce(gradient, loss_budget=0.1)  # doctest: +SKIP
+        >>> stats.delivered_fraction                             # doctest: +SKIP
+        0.993
+        """
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
                          deadline=deadline, estimator=estimator, algorithm=algorithm)
 
+    @_documented
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
-        """Reduce `tensor` (the full tensor, every rank the same size) across
-        ranks; this rank's shard of the result (see shard_range) lands in
-        `output`, scaled per chunk by N / contributions that arrived.
-        `tensor` is not changed; `output` only on success."""
+        """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
+
+        Each chunk of the shard is scaled by N / the contributions that reached it (unbiased).
+        `tensor` is not changed; `output` only on success.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            The full tensor, the same size on every rank (dtypes as for allreduce).
+        output : numpy.ndarray or torch.Tensor
+            This rank's shard, ``shard_range(tensor's count)`` long, of the same dtype.
+        op : {"sum", "mean", "avg"}, ReduceOp or torch.distributed.ReduceOp, default "sum"
+        estimator : {"unbiased", "zero_fill"} or Estimator, optional
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> start, stop = comm.shard_range(grad.numel())              # doctest: +SKIP
+        >>> comm.reduce_scatter(grad, shard_out, loss_budget=0.1)     # doctest: +SKIP
+        """
         source, target = view_of(tensor), view_of(output)
         start, stop = self.shard_range(source.count)
         self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
         return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
                          deadline=deadline, estimator=estimator, algorithm=algorithm)
 
+    @_documented
     def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None):
-        """Gather every rank's shard into `output` (the full tensor; rank r's
-        shard goes to output[shard_range(len(output), r)]). Where a chunk of
-        another rank's shard does not arrive, `output` keeps what it held
-        before (stale-value retention); stats.chunks_stale counts them."""
+        """Gather every rank's shard into `output`, the full tensor.
+
+        Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
+        chunk of another rank's shard does not arrive, `output` keeps what it held before
+        (stale-value retention); ``stats.chunks_stale`` counts them.
+
+        Parameters
+        ----------
+        shard : numpy.ndarray or torch.Tensor
+            This rank's shard.
+        output : numpy.ndarray or torch.Tensor
+            The full tensor, the same dtype; its old values are what a lost chunk leaves.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.all_gather(params[start:stop], params, loss_budget=0.05)  # doctest: +SKIP
+        """
         source, target = view_of(shard), view_of(output)
         start, stop = self.shard_range(target.count)
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm)
 
+    @_documented
     def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None):
-        """Copy rank `src`'s tensor into every rank's, in place. Lossy the same
-        way as all_gather: a chunk that does not arrive keeps its old value."""
+        """Copy rank `src`'s tensor into every rank's, in place.
+
+        Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            The same size and dtype on every rank.
+        src : int, default 0
+            The rank whose values are sent.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.broadcast(weights, src=0, loss_budget=0.0)  # doctest: +SKIP
+        """
         if not 0 <= int(src) < self.world_size:
             raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
         view = view_of(tensor)
@@ -154,10 +314,34 @@ class Communicator:
                          deadline=deadline, algorithm=algorithm)
 
     def agree(self, value, *, deadline=None):
-        """The largest `value` (an int in [0, 2**32), or a bool) over all ranks,
-        the same on every rank: agree(flag) is "any rank says so". Messages
-        are repeated until acknowledged; raises PeerTimeout if a rank is not
-        heard from by the deadline."""
+        """The largest `value` over all ranks, the same on every rank.
+
+        ``agree(flag)`` is "any rank says so". Messages are repeated until acknowledged, so the
+        answer is exact under loss.
+
+        Parameters
+        ----------
+        value : int in [0, 2**32) or bool
+        deadline : float or datetime.timedelta, optional
+            None takes ``Options.deadline_cap_s``.
+
+        Returns
+        -------
+        int or bool
+            The maximum, of `value`'s type when it is a bool.
+
+        Raises
+        ------
+        PeerTimeout
+            A rank was not heard from by the deadline (or is gone).
+        ValueError
+            `value` outside [0, 2**32).
+
+        Examples
+        --------
+        >>> comm.agree(loss_spiked)  # True on every rank if any rank passed True  # doctest: +SKIP
+        True
+        """
         number = int(value)
         if not 0 <= number < 2**32:
             raise ValueError(f"agree() takes an integer in [0, 2**32), got {value!r}")
@@ -219,7 +403,14 @@ class Communicator:
     # -- lifetime ---------------------------------------------------------
 
     def close(self):
-        """Release the socket and buffers. Safe to call more than once."""
+        """Release the socket and buffers. Safe to call more than once.
+
+        Peers still in a call with this rank see it as gone (UDP: its port is closed).
+
+        Examples
+        --------
+        >>> comm.close()  # doctest: +SKIP
+        """
         with self._lock:
             if self._engine is not None:
                 self._engine.close()
@@ -227,6 +418,7 @@ class Communicator:
 
     @property
     def closed(self):
+        """Whether close() was called (collectives then raise TransportError)."""
         return self._engine is None
 
     def __enter__(self):

@@ -29,9 +29,11 @@ class Bernoulli:
 
     @property
     def mean_loss(self):
+        """The long-run fraction of datagrams lost: p."""
         return self.p
 
     def native_parameters(self):
+        """Keyword arguments of the C transport's loss wrapper (Transport.inject_loss)."""
         return dict(kind=_BERNOULLI, loss=self.p)
 
 
@@ -55,10 +57,12 @@ class GilbertElliott:
 
     @property
     def mean_loss(self):
+        """The long-run fraction of datagrams lost: the stationary share of each state times its loss."""
         bad_share = self.good_to_bad / (self.good_to_bad + self.bad_to_good)
         return bad_share * self.loss_in_bad + (1 - bad_share) * self.loss_in_good
 
     def native_parameters(self):
+        """Keyword arguments of the C transport's loss wrapper (Transport.inject_loss)."""
         return dict(kind=_GILBERT_ELLIOTT, good_to_bad=self.good_to_bad, bad_to_good=self.bad_to_good,
                     loss_in_good=self.loss_in_good, loss_in_bad=self.loss_in_bad)
 

@@ -41,6 +41,7 @@ class Options:
     receive_depth: int = 0  # receives kept posted; 0 = enough for window_bytes
 
     def validate(self):
+        """Returns self, or raises ValueError naming the first field out of range."""
         if self.chunk_bytes < 0:
             raise ValueError("chunk_bytes must be >= 0")
         if self.window_bytes <= 0 or self.socket_buffer_bytes <= 0:

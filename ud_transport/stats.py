@@ -54,9 +54,11 @@ class CollectiveStats:
 
     @property
     def missing_fraction(self):
+        """1 - delivered_fraction: the share of contributions that did not make it into the result."""
         return 1.0 - self.delivered_fraction
 
     def to_dict(self):
+        """Every field by name (for logs and JSON)."""
         return asdict(self)
 
     @classmethod
