@@ -86,10 +86,10 @@ int main(int argc, char **argv)
     uint32_t datagram = (uint32_t)atoi(argv[7]);
     int batch = argc > 8 ? atoi(argv[8]) : 64;
     uint32_t buffer = argc > 9 ? (uint32_t)strtoul(argv[9], NULL, 0) : 64u << 20;
-    char error[256] = "";
-    struct udt_transport *t = udt_udp_open(argv[2], (uint16_t)atoi(argv[3]), buffer, error, sizeof error);
+    struct udt_error error = {0};
+    struct udt_transport *t = udt_udp_open(argv[2], (uint16_t)atoi(argv[3]), buffer, &error);
     if (!t) {
-        fprintf(stderr, "%s\n", error);
+        fprintf(stderr, "%s\n", error.message);
         return 1;
     }
     uint8_t peer[6];
@@ -122,7 +122,7 @@ int main(int argc, char **argv)
             while (done < batch) {
                 int rc = udt_transport_send(t, items + done, batch - done);
                 if (rc < 0) {
-                    fprintf(stderr, "send: %s\n", t->error);
+                    fprintf(stderr, "send: %s\n", t->error.message);
                     return 1;
                 }
                 done += rc;
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
         int got = udt_transport_recv(t, items, 64);
         double at = now();
         if (got < 0) {
-            fprintf(stderr, "recv: %s\n", t->error);
+            fprintf(stderr, "recv: %s\n", t->error.message);
             return 1;
         }
         for (int i = 0; i < got; i++) {

@@ -45,8 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct udt_engine_options options = {.chunk_bytes = CHUNK_BYTES, .window_bytes = 4 * CHUNK_BYTES, .end_repeats = 2,
                                          .credit_refresh_us = 1000, .reorder_grace_us = 100, .idle_close_us = 500,
                                          .agree_resend_us = 1000, .join_timeout_ms = 1000};
-    char error[320];
-    struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, WORLD, SESSION, &options, error, sizeof error);
+    struct udt_error error;
+    struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, WORLD, SESSION, &options, &error);
     if (!comm)
         abort();
 
