@@ -1,7 +1,7 @@
-"""help() documents the core API (issue 11): every name in ud_transport.__all__ and every
-public method of its classes has a docstring; the collectives (module functions and
-Communicator methods) name each of their parameters and say what they return and raise.
-The torch integration (ud_transport.torch) is not held to this yet."""
+"""help() documents the API (issue 11): every name in ud_transport.__all__ and
+ud_transport.torch.__all__ and every public method of their classes has a docstring; the
+collectives and the torch entry points have an entry for each parameter and say what they
+return and raise."""
 import inspect
 import re
 
@@ -12,9 +12,20 @@ import ud_transport
 COLLECTIVES = ["allreduce", "reduce_scatter", "all_gather", "broadcast", "agree"]
 
 
+def modules():
+    yield ud_transport
+    torch_api = pytest.importorskip("ud_transport.torch", reason="torch is not installed")
+    yield torch_api
+
+
 def public_members():
-    for name in ud_transport.__all__:
-        thing = getattr(ud_transport, name)
+    for module in modules():
+        yield from members_of(module)
+
+
+def members_of(module):
+    for name in module.__all__:
+        thing = getattr(module, name)
         yield name, thing
         if inspect.isclass(thing) and not issubclass(thing, BaseException):
             for member, value in vars(thing).items():
@@ -27,9 +38,17 @@ def test_has_a_docstring(name, thing):
     assert (inspect.getdoc(thing) or "").strip(), f"{name} has no docstring"
 
 
-@pytest.mark.parametrize("function", [getattr(ud_transport, n) for n in COLLECTIVES + ["init"]] +
-                         [getattr(ud_transport.Communicator, n) for n in COLLECTIVES + ["shard_range"]] +
-                         [ud_transport.Communicator], ids=lambda f: f.__qualname__)
+def documented_in_full():
+    import ud_transport.torch as torch_api
+    return ([getattr(ud_transport, n) for n in COLLECTIVES + ["init"]] +
+            [getattr(ud_transport.Communicator, n) for n in COLLECTIVES + ["shard_range"]] + [ud_transport.Communicator] +
+            [torch_api.LossyHookState, torch_api.LossyHookState.step, torch_api.lossy_allreduce_hook,
+             torch_api.LossTolerantOptimizer, torch_api.LossTolerantOptimizer.step, torch_api.ParameterSync,
+             torch_api.replica_drift, torch_api.PhaseAwareBudget, torch_api.PhaseAwareBudget.budget,
+             torch_api.BackendOptions, torch_api.ProcessGroupUD])
+
+
+@pytest.mark.parametrize("function", documented_in_full(), ids=lambda f: f.__qualname__)
 def test_the_api_documents_each_parameter_what_it_returns_and_raises(function):
     doc = inspect.getdoc(function)
     signature = inspect.signature(function)
@@ -38,7 +57,7 @@ def test_the_api_documents_each_parameter_what_it_returns_and_raises(function):
                for name in line.split(" :")[0].split(",")}
     entries |= {line.strip().lstrip("*") for line in doc.splitlines() if re.match(r"^\*\*\w+$", line)}
     for parameter in signature.parameters.values():
-        if parameter.name in ("self", "keywords"):
+        if parameter.name in ("self", "keywords", "args", "kwargs"):
             continue
         assert parameter.name in entries, f"{function.__qualname__}: parameter {parameter.name!r} has no entry ({entries})"
     assert "Parameters\n----------" in doc and "Examples\n--------" in doc, function.__qualname__

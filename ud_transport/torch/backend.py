@@ -34,14 +34,34 @@ ENVIRONMENT = environment.fields_of("backend")
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """loss_budget: the most of a lossy call's result that may be missing
-    (agreed across ranks); on_budget_miss: "use" (apply the unbiased estimate
-    and count the miss), "raise" (the Work raises LossBudgetExceeded and the
-    tensor keeps its values: not for DDP, whose reducer cannot recover) or
-    "skip" (as "use", for callers that check take_budget_misses() before
-    stepping); lossy: which collectives may lose data ("allreduce",
-    "reduce_scatter"; empty = all exact); deadline: seconds per call (None =
-    adaptive); communicator: keyword options of ud_transport.init()."""
+    """Options of the c10d backend "ud", given as ``pg_options`` or read from the environment.
+
+    Parameters
+    ----------
+    loss_budget : float in [0, 1], default 0.1
+        The most of a lossy call's result that may be missing (agreed across ranks).
+    on_budget_miss : {"use", "skip", "raise"}, default "use"
+        "use" applies the unbiased estimate and counts the miss; "raise" makes the Work raise
+        LossBudgetExceeded with the tensor unchanged (not for DDP, whose reducer cannot
+        recover); "skip" is "use" for callers that check ``take_budget_misses()`` before stepping.
+    lossy : tuple of {"allreduce", "reduce_scatter"}, default both
+        Which collectives may lose data; empty makes every collective exact.
+    deadline : float, optional
+        Seconds per call; None adapts.
+    algorithm : {"auto", "ring", "direct"}, optional
+    transport : {"auto", "udp", "verbs"}, default "auto"
+    communicator : dict
+        Keyword options of ``ud_transport.init()`` (Options fields).
+
+    Raises
+    ------
+    ValueError
+        From ``validate()``, which the backend calls: a field out of range.
+
+    Examples
+    --------
+    >>> dist.init_process_group("ud", pg_options=BackendOptions(loss_budget=0.05))  # doctest: +SKIP
+    """
     loss_budget: float = 0.1
     on_budget_miss: str = policy.USE
     lossy: tuple = LOSSY_KINDS
@@ -51,6 +71,7 @@ class BackendOptions:
     communicator: dict = field(default_factory=dict)
 
     def validate(self):
+        """Returns self, or raises ValueError naming the field out of range."""
         if not 0.0 <= self.loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {self.loss_budget!r}")
         policy.check(self.on_budget_miss)
@@ -73,6 +94,7 @@ class BackendOptions:
 
 def _unsupported(name):
     def method(self, *args, **kwargs):
+        """Not implemented by the "ud" backend: raises NotImplementedError naming itself."""
         raise NotImplementedError(f"the 'ud' backend does not implement {name}; supported: allreduce, broadcast, "
                                   "allgather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
     method.__name__ = name
@@ -80,6 +102,41 @@ def _unsupported(name):
 
 
 class ProcessGroupUD(dist.ProcessGroup):
+    """The c10d process group of backend "ud": made by ``dist.init_process_group("ud")`` or
+    ``dist.new_group(backend="ud")``, not by hand.
+
+    allreduce and reduce_scatter of floating SUM/AVG tensors are lossy within
+    ``BackendOptions.loss_budget``; broadcast, allgather, all_gather_into_tensor, integer and
+    MAX/MIN reductions and barrier are exact (repeated until complete, never retransmitted per
+    datagram). Collectives run in issue order on a worker thread; ``Work.wait()`` raises a
+    collective's error. Others raise NotImplementedError.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        c10d's store, already prefixed for this group.
+    rank, world_size : int
+    timeout : datetime.timedelta
+        The group's timeout: how long a collective waits for a late rank (and, capped at 60 s,
+        the rendezvous).
+    options : BackendOptions, optional
+        None reads them from the environment (``UD_LOSS_BUDGET``, ...).
+    group_name : str
+
+    Raises
+    ------
+    TransportError
+        The rendezvous or the transport failed.
+    ValueError
+        Options out of range.
+
+    Examples
+    --------
+    >>> import ud_transport.torch  # registers "ud"             # doctest: +SKIP
+    >>> dist.init_process_group("ud")  # under torchrun         # doctest: +SKIP
+    >>> dist.all_reduce(gradient)      # lossy within the budget # doctest: +SKIP
+    """
+
     def __init__(self, store, rank, world_size, timeout, options=None, group_name=""):
         super().__init__(rank, world_size)
         self._ud_group_name = group_name
@@ -113,6 +170,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._ud_group_name
 
     def getBackendName(self):
+        """ "ud" (what torch.distributed.get_backend reports)."""
         return "ud"
 
     def name(self):

@@ -8,10 +8,34 @@ from ._common import communicator_of, flatten, parameters_of, unflatten_into
 
 @torch.no_grad()
 def replica_drift(parameters, communicator=None, *, deadline=None):
-    """Distance of each replica's parameters from the mean replica, relative
-    to the mean's norm: {"max": worst rank, "mean": over ranks, "per_rank":
-    [...]}; the same on every rank. Gathers every rank's full parameters
-    (N x the model), so call it every so often, not every step."""
+    """Distance of each replica's parameters from the mean replica, relative to the mean's norm.
+
+    Gathers every rank's full parameters exactly (N x the model), so call it every so often,
+    not every step.
+
+    Parameters
+    ----------
+    parameters : torch.nn.Module or iterable of torch.Tensor
+    communicator : Communicator or a "ud" ProcessGroup, optional
+        None takes the default communicator.
+    deadline : float, optional
+        Seconds per attempt of the exact all-gather.
+
+    Returns
+    -------
+    dict
+        {"max": worst rank, "mean": over ranks, "per_rank": [...]}, the same on every rank.
+
+    Raises
+    ------
+    TransportError
+        The exact all-gather could not complete.
+
+    Examples
+    --------
+    >>> replica_drift(model)["max"]  # doctest: +SKIP
+    0.0004
+    """
     comm = communicator_of(communicator)
     mine = flatten(parameters_of(parameters), torch.float64)
     everyone = torch.empty((comm.world_size, mine.numel()), dtype=torch.float64)
@@ -25,10 +49,30 @@ def replica_drift(parameters, communicator=None, *, deadline=None):
 class ParameterSync:
     """Re-aligns replicas every `every` steps: call it once per step.
 
-    source="rank0": exact broadcast of rank 0's parameters (for plain lossy
-    allreduce training, where no rank's copy is more right than another's).
-    source="owners": pass the LossTolerantOptimizer; each shard comes exactly
-    from its owner, whose copy is the one the optimizer stepped."""
+    Parameters
+    ----------
+    parameters : torch.nn.Module or iterable of torch.Tensor
+    communicator : Communicator or a "ud" ProcessGroup, optional
+    every : int
+        Steps between re-alignments, at least 1.
+    source : {"rank0", "owners"}, default "rank0"
+        "rank0": exact broadcast of rank 0's parameters (for plain lossy allreduce training,
+        where no rank's copy is more right than another's). "owners": each shard comes exactly
+        from its owner, whose copy is the one the LossTolerantOptimizer stepped.
+    optimizer : LossTolerantOptimizer, optional
+        Needed for source="owners".
+    deadline : float, optional
+
+    Raises
+    ------
+    ValueError
+        every < 1, an unknown source, or "owners" without the optimizer.
+
+    Examples
+    --------
+    >>> sync = ParameterSync(model, every=100)  # doctest: +SKIP
+    >>> for batch in data: train_step(batch); sync()  # doctest: +SKIP
+    """
 
     def __init__(self, parameters, communicator=None, *, every, source="rank0", optimizer=None, deadline=None):
         if every < 1:

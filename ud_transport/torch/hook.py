@@ -18,10 +18,33 @@ from ._common import communicator_of, worker_of
 
 
 class LossyHookState:
+    """State of ``lossy_allreduce_hook``: where gradients go and what a budget miss does.
+
+    Parameters
+    ----------
+    communicator : Communicator or a "ud" ProcessGroup, optional
+        None takes the default communicator (``ud_transport.init()``).
+    loss_budget : float in [0, 1], default 0.1
+        What each bucket's allreduce may miss (the agreed fraction).
+    deadline : float, optional
+        Seconds per bucket; None adapts.
+    on_budget_miss : {"use", "skip", "raise"}, default "use"
+        Acted on in ``step()``, the same on every rank.
+    algorithm : {"auto", "ring", "direct"}, optional
+
+    Raises
+    ------
+    ValueError
+        A budget outside [0, 1] or an unknown policy.
+
+    Examples
+    --------
+    >>> state = LossyHookState(comm, loss_budget=0.1, on_budget_miss="skip")  # doctest: +SKIP
+    >>> model.register_comm_hook(state, lossy_allreduce_hook)                 # doctest: +SKIP
+    >>> loss.backward(); state.step(optimizer); optimizer.zero_grad()        # doctest: +SKIP
+    """
+
     def __init__(self, communicator=None, *, loss_budget=0.1, deadline=None, on_budget_miss=policy.USE, algorithm=None):
-        """communicator: a Communicator, a "ud" process group, or None (the
-        default one). loss_budget bounds what each bucket's allreduce may miss
-        (agreed fraction); on_budget_miss: "use", "skip" or "raise"."""
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         self.communicator = communicator_of(communicator)
@@ -52,9 +75,31 @@ class LossyHookState:
             self._missed += 1
 
     def step(self, optimizer, *args, **kwargs):
-        """After backward: optimizer.step() unless this iteration's buckets
-        missed the budget and the policy says skip (returns False) or raise.
-        A transport error (a rank not heard from) raises here."""
+        """After backward: ``optimizer.step()`` unless this iteration's buckets missed the budget.
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+        *args, **kwargs
+            Passed to ``optimizer.step``.
+
+        Returns
+        -------
+        bool
+            True if the optimizer stepped, False if the policy "skip" skipped it (on every rank).
+
+        Raises
+        ------
+        LossBudgetExceeded
+            A bucket missed the budget and the policy is "raise".
+        TransportError
+            A bucket's allreduce failed (a rank not heard from, ...); the hook never raises
+            inside backward, so it raises here.
+
+        Examples
+        --------
+        >>> if not state.step(optimizer): print("skipped on every rank")  # doctest: +SKIP
+        """
         for work in self._pending:
             work.wait()
         self._pending.clear()
@@ -80,8 +125,30 @@ class LossyHookState:
 
 
 def lossy_allreduce_hook(state, bucket):
-    """Average the bucket's gradients over ud_transport (lossy, unbiased).
-    Runs on the communicator's worker thread, so backward goes on meanwhile."""
+    """A DDP comm hook: average the bucket's gradients over ud_transport (lossy, unbiased).
+
+    Runs on the communicator's worker thread, so backward goes on meanwhile. Never raises:
+    errors and budget misses are acted on in ``state.step()``.
+
+    Parameters
+    ----------
+    state : LossyHookState
+    bucket : torch.distributed.GradBucket
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged bucket.
+
+    Raises
+    ------
+    Nothing
+        Errors and budget misses are recorded and raised by ``LossyHookState.step``.
+
+    Examples
+    --------
+    >>> model.register_comm_hook(LossyHookState(comm), lossy_allreduce_hook)  # doctest: +SKIP
+    """
     buffer = bucket.buffer()
     work = state._worker.submit(lambda: state._allreduce(buffer), buffer)
     state._pending = [w for w in state._pending if not w.is_completed()]  # bounded even if step() is never called

@@ -27,6 +27,34 @@ log = logging.getLogger("ud_transport.phase")
 
 
 class PhaseAwareBudget:
+    """Loss budgets by training phase: exact (or tight) in critical phases, loose when stable.
+
+    Parameters
+    ----------
+    stable_budget : float in [0, 1], default 0.1
+    critical_budget : float in [0, 1], default 0.0
+        0 makes a critical step's collectives exact.
+    threshold : float, default 0.2
+        Relative gap between the fast and slow averages of the agreed gradient norm that
+        marks a step critical.
+    fast, slow : float, defaults 0.2 and 0.02
+        Moving-average weights, 0 < slow < fast <= 1.
+    warmup : int, default 20
+        The first steps are critical.
+    hold : int, default 10
+        Steps a phase stays critical after the last critical step.
+    communicator : Communicator or a "ud" ProcessGroup, optional
+
+    Raises
+    ------
+    ValueError
+        A budget outside [0, 1] or weights out of order.
+
+    Examples
+    --------
+    >>> opt = LossTolerantOptimizer(adamw, phase_budget=PhaseAwareBudget(stable_budget=0.1))  # doctest: +SKIP
+    """
+
     def __init__(self, *, stable_budget=0.1, critical_budget=0.0, threshold=0.2, fast=0.2, slow=0.02, warmup=20,
                  hold=10, communicator=None):
         for name, value in (("stable_budget", stable_budget), ("critical_budget", critical_budget)):
@@ -48,7 +76,27 @@ class PhaseAwareBudget:
         self.schedule = []  # (step, agreed gradient norm, relative gap of the averages, budget)
 
     def budget(self, flat_gradient):
-        """The budget for this step, from this step's local flat gradient."""
+        """The budget for this step, the same on every rank (one agreement round).
+
+        Parameters
+        ----------
+        flat_gradient : torch.Tensor
+            This rank's gradient of this step, flattened.
+
+        Returns
+        -------
+        float
+            `critical_budget` or `stable_budget`.
+
+        Raises
+        ------
+        PeerTimeout
+            The agreement on the gradient norm failed.
+
+        Examples
+        --------
+        >>> budget = phase.budget(grads)  # doctest: +SKIP
+        """
         comm = communicator_of(self.communicator)
         local = float(torch.linalg.vector_norm(flat_gradient.double()))
         fixed = min(int(local * NORM_FIXED_POINT), 2**32 - 1) if math.isfinite(local) else 2**32 - 1

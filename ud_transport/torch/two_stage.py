@@ -27,17 +27,45 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class LossTolerantOptimizer:
+    """The two-stage step: lossy reduce-scatter of gradients, the owner steps its shard,
+    stale-retaining all-gather of parameters (see the module's docstring).
+
+    Construction broadcasts rank 0's parameters exactly, so every replica starts equal.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+        Constructed over the model's CPU parameters (one floating dtype); its class and
+        per-group settings are reused for this rank's shard, its state (if any) is dropped.
+    communicator : Communicator or a "ud" ProcessGroup, optional
+        None takes the default communicator.
+    loss_budget : float in [0, 1], default 0.1
+        The most of either half that may be missing; 0 makes the step's collectives exact.
+    on_budget_miss : {"use", "skip", "raise"}, default "use"
+    deadline : float, optional
+        Seconds per collective; None adapts.
+    algorithm : {"auto", "ring", "direct"}, optional
+    phase_budget : PhaseAwareBudget, optional
+        Chooses the budget per step instead of `loss_budget`.
+    exact_gather : bool, default False
+        Make the parameter all-gather exact on every step (only gradients are lost; costs
+        repeated all-gathers and agreement rounds when one is incomplete).
+
+    Raises
+    ------
+    TypeError
+        Parameters of several dtypes, or not floating.
+    ValueError
+        Parameters not on the CPU, or a budget outside [0, 1].
+
+    Examples
+    --------
+    >>> opt = LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=2e-3))  # doctest: +SKIP
+    >>> loss.backward(); opt.step(); opt.zero_grad()                                  # doctest: +SKIP
+    """
+
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
                  algorithm=None, phase_budget=None, exact_gather=False):
-        """optimizer: a constructed torch optimizer over the model's
-        parameters (its class and per-group settings are reused for the
-        shard; its state, if any, is dropped). communicator: a Communicator,
-        a "ud" process group, or None (the default). loss_budget: the most of
-        either half that may be missing; a budget of 0 makes that step's
-        collectives exact. phase_budget: a PhaseAwareBudget choosing the
-        budget per step instead. exact_gather: make the parameter all-gather
-        exact on every step (only gradients are lost; costs repeated
-        all-gathers and four agreement rounds when one is incomplete)."""
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         self.communicator = communicator_of(communicator)
@@ -91,6 +119,7 @@ class LossTolerantOptimizer:
 
     @property
     def state(self):
+        """The shard optimizer's per-parameter state (this rank's shard only)."""
         return self._inner.state if self._inner is not None else {}
 
     def state_dict(self):
@@ -98,10 +127,12 @@ class LossTolerantOptimizer:
         return self._inner.state_dict() if self._inner is not None else {}
 
     def load_state_dict(self, state):
+        """Restore what ``state_dict()`` saved on this rank."""
         if self._inner is not None:
             self._inner.load_state_dict(state)
 
     def zero_grad(self, set_to_none=True):
+        """Clear the model parameters' gradients (None, or zeros with set_to_none=False)."""
         for p in self._params:
             if p.grad is None:
                 continue
@@ -112,10 +143,30 @@ class LossTolerantOptimizer:
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One step. Returns True if the parameters were updated, False if
-        the step was skipped on every rank (policy "skip"); raises
-        LossBudgetExceeded (policy "raise") or a transport error, with the
-        parameters and optimizer state unchanged."""
+        """One two-stage step over the model's gradients.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (as torch optimizers take it).
+
+        Returns
+        -------
+        bool
+            True if the parameters were updated, False if the step was skipped on every rank
+            (policy "skip").
+
+        Raises
+        ------
+        LossBudgetExceeded
+            Policy "raise" and the gradients missed the budget.
+        TransportError
+            A collective failed. Parameters and optimizer state are unchanged on any error.
+
+        Examples
+        --------
+        >>> loss.backward(); updated = opt.step()  # doctest: +SKIP
+        """
         if closure is not None:
             with torch.enable_grad():
                 closure()
