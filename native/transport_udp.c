@@ -626,7 +626,7 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
         u->features |= UDT_UDP_DROPS_COUNTED;
     /* ICMP errors for our datagrams come back on the error queue: a peer's closed port is
      * how a rank learns at once that another has exited (see drain_errors) */
-    if (setsockopt(u->fd, SOL_IP, IP_RECVERR, &on, sizeof on) == 0)
+    if (!env_disabled("UD_UDP_ICMP") && setsockopt(u->fd, SOL_IP, IP_RECVERR, &on, sizeof on) == 0)
         u->features |= UDT_UDP_PORTS_WATCHED;
     if (bind(u->fd, (struct sockaddr *)&address, sizeof address) != 0) {
         udt_error_call(error, "bind", errno, errno == EADDRINUSE ? "the port is taken; pass port 0 to pick a free one" : NULL, "udp %s:%u",

@@ -49,6 +49,22 @@ def test_a_rank_that_died_before_the_call_is_blamed_at_once_not_at_the_join_time
                 assert unchanged, f"rank {rank}: tensor changed on error"
 
 
+def test_with_icmp_ignored_a_dead_rank_is_known_at_the_join_timeout_only(monkeypatch):
+    """The negative control of the test above, and the UD_UDP_ICMP=0 switch: with ICMP errors
+    ignored, a rank killed before the call is named only at the join timeout, as absent."""
+    monkeypatch.setenv("UD_UDP_ICMP", "0")
+    world, dead = 3, 2
+    with LocalCluster(world, chunk_bytes=256, join_timeout_s=JOIN_TIMEOUT) as cluster:
+        cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)
+        cluster.kill(dead)
+        outcomes = cluster.run(fault_tasks.allreduce_outcome, 1000, DEADLINE, ranks=[0, 1])
+    for rank, (error, unchanged, elapsed) in zip([0, 1], outcomes):
+        assert isinstance(error, ud_transport.PeerTimeout) and error.rank == dead, f"rank {rank}: {error!r}"
+        assert f"rank {dead} did not join" in str(error), str(error)
+        assert JOIN_TIMEOUT <= elapsed <= JOIN_TIMEOUT + 1.0, f"rank {rank} took {elapsed:.2f} s"
+        assert unchanged
+
+
 def test_a_rank_killed_mid_call_is_blamed_within_the_deadline_and_the_survivors_regroup():
     """Rank 3 comes last to a 16 MiB allreduce and is SIGKILLed 10 ms after
     entering it. Every other rank raises PeerTimeout naming rank 3 as gone

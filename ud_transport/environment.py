@@ -39,6 +39,8 @@ VARIABLES = (
     Variable("UD_LOG", (), "", "debug, info, warning or error: log to stderr at that level; empty = silent"),
     Variable("UD_UDP_GSO", (), "on", "0/off: no UDP segmentation offload on send (read by the C transport)"),
     Variable("UD_UDP_GRO", (), "on", "0/off: no UDP receive offload (read by the C transport)"),
+    Variable("UD_UDP_ICMP", (), "on",
+             "0/off: ignore ICMP errors, so a dead rank is known at the timeouts only (read by the C transport)"),
     Variable("UD_BUILD_VERBS", (), "", "build time: 0 skips the RDMA extension, 1 requires it; empty = where headers exist"),
     Variable("UD_RIG_CACHE", (), "~/.cache/ud_transport/rig", "where the SoftRoCE rig keeps its kernel and guest kit"),
 )
