@@ -2,14 +2,16 @@
 needs numpy only (the guest does not import torch): the inputs every rank derives from its
 rank and the exact results they give, a rank task both sides run, the z-score, the
 delivered-fraction model of each schedule (closed forms, checked against an exact enumeration
-over loss patterns and a Monte Carlo in test_loss_models.py), the session a communicator
-agreed on, and the environment a child Python needs to import what this one did.
+over loss patterns and a Monte Carlo in test_loss_models.py), datagrams with a forged source
+address, and the environment a child Python needs to import what this one did.
 
 Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
 (LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
 at the same path); a child Python started by a test gets it through child_pythonpath()."""
 import itertools
 import os
+import socket
+import struct
 
 import numpy as np
 
@@ -254,3 +256,17 @@ def child_pythonpath():
 def child_environment():
     """This process's environment with child_pythonpath()."""
     return {**os.environ, "PYTHONPATH": child_pythonpath()}
+
+
+def raw_sender():
+    """A raw IPv4 socket whose packets carry the IP header we write (root only)."""
+    return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+
+
+def spoof(raw, source, destination, payload):
+    """Send `payload` as one UDP datagram from `source` to `destination` ((address, port) pairs)
+    through `raw` (raw_sender()): the receiver sees the forged source address."""
+    udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(source[0]), socket.inet_aton(destination[0]))
+    raw.sendto(ip + udp, (destination[0], 0))

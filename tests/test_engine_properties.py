@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import ud_transport
 import wire_format
 from conftest import skip_or_fail
+from support import raw_sender, spoof
 from ud_transport import _native
 from ud_transport import options as options_module
 from ud_transport.communicator import Communicator
@@ -141,20 +142,13 @@ def encode(job, sequence, f):
     return f["source"], header + payload
 
 
-def spoof(raw, source, destination, payload):
-    udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-                     socket.inet_aton(source[0]), socket.inet_aton(destination[0]))
-    raw.sendto(ip + udp, (destination[0], 0))
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(forgeries=st.lists(forgery, min_size=1, max_size=12))
 def test_forged_headers_never_give_a_wrong_value_with_status_ok(job, forgeries):
     sequence = job.sequence + 1
     datagrams = [encode(job, sequence, f) for f in forgeries]
     # half before the call (they wait in rank 0's socket), half while it runs
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
+    with raw_sender() as raw:
         for source, datagram in datagrams[: len(datagrams) // 2]:
             spoof(raw, job.addresses[source], job.addresses[0], datagram)
         timer = threading.Timer(0.0005, lambda: [spoof(raw, job.addresses[s], job.addresses[0], d)

@@ -16,6 +16,7 @@ import pytest
 import tasks
 import wire_format
 from conftest import skip_or_fail
+from support import raw_sender, spoof
 from ud_transport.local_cluster import LocalCluster
 
 WORLD, COUNT, CHUNK_BYTES = 4, 20000, 1024
@@ -46,17 +47,6 @@ def capture_on_loopback(ports, stop, captured):
             if source_port in ports and destination_port in ports:
                 captured.append(((socket.inet_ntoa(ip[12:16]), source_port), (socket.inet_ntoa(ip[16:20]), destination_port),
                                  bytes(udp[8:length])))
-
-
-def spoofer():
-    return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-
-
-def spoof(raw, source, destination, payload):
-    udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-                     socket.inet_aton(source[0]), socket.inet_aton(destination[0]))
-    raw.sendto(ip + udp, (destination[0], 0))
 
 
 def refused_forgeries(session, sequence, source_rank):
@@ -101,7 +91,7 @@ def test_a_flood_of_replays_and_forgeries_leaves_every_result_exact(algorithm):
 
         def flood():
             rng = np.random.default_rng(1)
-            with spoofer() as raw, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+            with raw_sender() as raw, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
                 while not stop.is_set() and sent["replays"] < 20000:
                     for index in rng.permutation(len(captured))[:200]:
                         spoof(raw, *captured[index])

@@ -13,7 +13,7 @@ import pytest
 import tasks
 import wire_format
 from conftest import get_cluster, skip_or_fail
-from support import rank_fill_sum
+from support import rank_fill_sum, raw_sender, spoof
 from ud_transport import _native
 
 WORLD, COUNT, CHUNK_BYTES = 3, 3000, 256
@@ -91,13 +91,10 @@ def test_garbage_from_strangers_is_dropped_and_counted_exactly_on_every_rank():
         assert counted[rank] == sent[rank], f"rank {rank}: counted {counted[rank]}, sent {sent[rank]}"
 
 
-def spoof(source, destination, payload):
-    """Send a UDP datagram with a forged source address (raw socket, root only)."""
-    udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-                     socket.inet_aton(source[0]), socket.inet_aton(destination[0]))
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
-        raw.sendto(ip + udp, (destination[0], 0))
+def spoof_once(source, destination, payload):
+    """Send one UDP datagram with a forged source address (raw socket, root only)."""
+    with raw_sender() as raw:
+        spoof(raw, source, destination, payload)
 
 
 def forgeries(rank, algorithm, session, sequence, layout):
@@ -179,7 +176,7 @@ def test_stale_duplicate_and_out_of_range_from_a_real_peer_address(algorithm):
     for rank in range(WORLD):
         forged = forgeries(rank, algorithm, session, next_sequence, layout)
         for source, datagram, _ in forged:
-            spoof(addresses[source], addresses[rank], datagram)
+            spoof_once(addresses[source], addresses[rank], datagram)
         counters = dict.fromkeys(DROP_COUNTERS, 0)
         for _, _, counter in forged:
             if counter:
@@ -212,7 +209,7 @@ def test_a_forged_credit_lets_a_sender_send_at_most_one_window():
     credit = wire_format.header(kind=wire_format.KIND_CREDIT, session_id=session, sequence=1, source_rank=1,
                                 contributions=0, layout=wire_format.layout_tag(count, "float32", 0, chunk_bytes,
                                                                                algorithm="ring"), credit=ceiling)
-    spoof(addresses[1], addresses[0], credit)
+    spoof_once(addresses[1], addresses[0], credit)
     sent, stalls = cluster.run(tasks.alone_allreduce_sent, count, 1.0, "ring", ranks=[0])[0]
     assert stalls > 0
     assert window_chunks <= sent <= window_chunks + 8, sent  # a window of data, and a credit or two of its own
