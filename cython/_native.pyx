@@ -260,8 +260,8 @@ cdef class Engine:
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef const uint8_t *data = addresses
-        if udt_comm_set_peers(self.comm, data, address_bytes) < 0:
-            raise exception_from(udt_comm_error(self.comm))
+        if udt_comm_set_peers(self.comm, data, len(addresses), address_bytes) < 0:
+            raise exception_from(udt_comm_error(self.comm), ValueError)
 
     def set_sequence(self, uint32_t sequence):
         """Tests only: make the next call's sequence number sequence + 1 (modulo 2**32),

@@ -183,7 +183,7 @@ cdef extern from "engine.h" nogil:
     udt_comm *udt_comm_create(udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
                               const udt_engine_options *options, udt_error *error)
     void udt_comm_destroy(udt_comm *comm)
-    int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
+    int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes)
     int udt_collective(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats)
     int udt_call_start(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats, uint64_t now_ns)
     int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)

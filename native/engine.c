@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include "engine.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1349,8 +1350,13 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
     return comm;
 }
 
-int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes)
+int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes)
 {
+    if (address_bytes == 0 || length != (size_t)address_bytes * comm->world_size) {
+        udt_error_check(&comm->error, "set_peers: %zu bytes of addresses for %u ranks of %u bytes each (want %zu)",
+                        length, comm->world_size, address_bytes, (size_t)address_bytes * comm->world_size);
+        return -EINVAL;
+    }
     int rc = udt_transport_set_peers(comm->transport, addresses, address_bytes, comm->world_size);
     if (rc < 0)
         comm->error = comm->transport->error;

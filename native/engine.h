@@ -109,7 +109,9 @@ struct udt_comm;
 struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
                                  const struct udt_engine_options *options, struct udt_error *error);
 void udt_comm_destroy(struct udt_comm *comm);
-int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, uint32_t address_bytes);
+/* addresses holds world_size addresses of address_bytes each; length is its size in
+ * bytes, checked so that a short buffer is refused instead of read past its end. */
+int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes);
 const struct udt_error *udt_comm_error(const struct udt_comm *comm);
 /* Tests only: the sequence number of the last call started (the next call
  * uses sequence + 1, modulo 2^32). Every rank must set the same value between

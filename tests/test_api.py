@@ -48,12 +48,22 @@ def test_read_only_array_is_refused(solo):
 
 
 @pytest.mark.parametrize("kwargs", [dict(op="max"), dict(loss_budget=1.5), dict(loss_budget=-0.1), dict(deadline=0),
-                                    dict(deadline=-1), dict(estimator="guess")])
+                                    dict(deadline=-1), dict(estimator="guess"), dict(loss_budget=float("nan")),
+                                    # finding 9: inf once became an undefined integer and timed out at once
+                                    dict(deadline=float("inf")), dict(deadline=float("nan")), dict(deadline=1e7)])
 def test_bad_arguments(solo, kwargs):
     values = np.ones(4, dtype=np.float32)
     with pytest.raises(ValueError):
         solo.allreduce(values, **kwargs)
     assert np.all(values == 1)
+
+
+@pytest.mark.parametrize("field", ["deadline_cap_s", "deadline_floor_s", "deadline_multiplier", "join_timeout_s",
+                                   "default_loss_budget"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0])
+def test_options_refuse_deadlines_and_budgets_that_are_not_finite(field, value):
+    with pytest.raises(ValueError, match=field):
+        options.build(**{field: value})
 
 
 def test_close_is_idempotent_and_blocks_further_use():

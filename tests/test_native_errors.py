@@ -67,3 +67,19 @@ def test_a_failed_call_of_the_engine_returns_its_error_as_fields():
     assert status == _native.STATUS_PEER_TIMEOUT
     assert isinstance(error, _native.NativeError) and (error.call, error.errno, error.object) == ("", 0, "")
     assert error.message.startswith("rank 1 ")
+
+
+def test_set_peers_refuses_a_buffer_that_does_not_hold_every_rank():
+    """Finding 3: the engine read world size x address size bytes whatever the buffer held (a
+    heap over-read for a short one). The length now travels with the pointer and is checked."""
+    transport = _native.Transport.udp("127.0.0.1", 0, 1 << 20)
+    options = options_module.build().engine_options(64, 1 << 16)
+    own = transport.address
+    engine = _native.Engine(transport, 0, 4, 7, options)
+    try:
+        for addresses, address_bytes in ((own, 6), (own * 3, 6), (own * 5, 6), (own * 4, 0), (b"", 6)):
+            with pytest.raises(ValueError, match="set_peers: .* for 4 ranks"):
+                engine.set_peers(addresses, address_bytes)
+        engine.set_peers(own * 4, 6)  # the right length is taken
+    finally:
+        engine.close()

@@ -47,9 +47,11 @@ class Options:
         if self.window_bytes <= 0 or self.socket_buffer_bytes <= 0:
             raise ValueError("window_bytes and socket_buffer_bytes must be positive")
         if not 0 <= self.default_loss_budget <= 1:
-            raise ValueError("default_loss_budget must be in [0, 1]")
-        if self.deadline_cap_s <= 0 or self.deadline_floor_s <= 0:
-            raise ValueError("deadlines must be positive")
+            raise ValueError(f"default_loss_budget must be in [0, 1], got {self.default_loss_budget!r}")
+        for name in ("deadline_cap_s", "deadline_floor_s", "deadline_multiplier"):
+            value = getattr(self, name)
+            if not 0 < value <= 1e6:  # also refuses inf and nan, which the engine cannot turn into a time
+                raise ValueError(f"{name} must be a positive number of at most 1e6, got {value!r}")
         if not 0.001 <= self.join_timeout_s <= 4e6:
             raise ValueError(f"join_timeout_s must be between 0.001 and 4e6 seconds, got {self.join_timeout_s!r}")
         if self.algorithm not in ALGORITHMS:
