@@ -202,7 +202,19 @@ static int peer_matches(const struct verbs_peer *p, const struct ibv_wc *wc, con
         return 0;
     if (gid)
         return memcmp(p->gid, gid, 16) == 0;
-    return p->lid == wc->slid; /* no GRH: IB within a subnet */
+    /* No GRH: IB within a subnet, where the LID names the sender. RoCE has no LIDs
+     * (0 everywhere) and always carries a GRH, so a RoCE peer is never matched on
+     * its QPN alone. */
+    return p->lid != 0 && p->lid == wc->slid;
+}
+
+/* Called on a receive slot before it is posted. The device writes the 40 bytes in
+ * front of a datagram only in part (RoCEv2 over IPv4 leaves the first 20 undefined)
+ * or not at all (no GRH), so without this an earlier datagram's header left in the
+ * slot could be read as this one's and name its sender. */
+static void clear_grh(uint8_t *slot)
+{
+    memset(slot, 0, GRH_BYTES);
 }
 
 static int32_t lookup_peer(struct verbs_transport *v, const struct ibv_wc *wc, const uint8_t *grh)
@@ -325,6 +337,7 @@ static int post_receives(struct verbs_transport *v, const uint32_t *slots, uint3
         uint32_t n = count - done < POST_CHUNK ? count - done : POST_CHUNK;
         for (uint32_t i = 0; i < n; i++) {
             uint32_t slot = slots ? slots[done + i] : done + i;
+            clear_grh(v->recv_buffer + (size_t)slot * v->recv_slot_bytes);
             sges[i] = (struct ibv_sge){.addr = (uintptr_t)(v->recv_buffer + (size_t)slot * v->recv_slot_bytes),
                                        .length = v->recv_slot_bytes, .lkey = v->recv_mr->lkey};
             wrs[i] = (struct ibv_recv_wr){.wr_id = slot, .next = i + 1 < n ? &wrs[i + 1] : NULL, .sg_list = &sges[i], .num_sge = 1};

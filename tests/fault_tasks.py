@@ -46,6 +46,17 @@ def allreduce_outcome(comm, count, deadline, entering=None):
     return error, bool(np.all(tensor == rank_fill(comm.rank))), time.monotonic() - start
 
 
+def clean_calls(comm, count, calls):
+    """`calls` allreduces after a failed one: for each, (exact?, delivered fraction, silent_rank)."""
+    outcomes = []
+    for _ in range(calls):
+        tensor = filled(comm, count)
+        stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+        outcomes.append((bool(np.all(tensor == rank_fill_sum(comm.world_size))), stats.delivered_fraction,
+                         stats.silent_rank))
+    return outcomes
+
+
 def regroup_and_allreduce(comm, survivors, count):
     """The survivors close their communicator and form a new one without the
     dead rank, on the same store; returns whether its allreduce is exact."""

@@ -104,10 +104,16 @@ def test_a_rank_paused_past_the_deadline_is_blamed_as_silent_not_gone():
     """Rank 1 of 3 comes last to a 16 MiB allreduce, is SIGSTOPped 10 ms into it for 4 s
     (deadline 2 s): its process and port are still there, so ranks 0 and 2
     raise PeerTimeout naming it as gone silent, within deadline + 1 s, and keep
-    their inputs; rank 1 itself fails too once it wakes, its input unchanged."""
+    their inputs; rank 1 itself fails too once it wakes, its input unchanged.
+    The blame does not outlive the call (finding 5: a silent rank, once adopted, was
+    never cleared and made later calls fail naming it): the next calls are exact
+    on every rank and name no one."""
     world, paused = 3, 1
     with LocalCluster(world, join_timeout_s=30.0) as cluster:
         outcomes = cluster.run(fault_tasks.allreduce_outcome_with_a_pause, paused, BIG, 0.3, 0.01, 4.0, DEADLINE)
+        after = cluster.run(fault_tasks.clean_calls, 1000, 3)
+    for rank, calls in enumerate(after):
+        assert calls == [(True, 1.0, -1)] * 3, f"rank {rank} after the failed call: {calls}"
     for rank, (error, unchanged, elapsed) in enumerate(outcomes):
         assert isinstance(error, ud_transport.TransportError) and unchanged, f"rank {rank}: {error!r}, unchanged={unchanged}"
         if rank != paused:
