@@ -88,12 +88,22 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
 
 
 def get_default():
-    """The communicator init() made.
+    """The communicator ``init()`` made, which the module-level collectives use.
+
+    Returns
+    -------
+    Communicator
 
     Raises
     ------
     TransportError
         There is none, or it was closed.
+
+    Examples
+    --------
+    >>> ud_transport.init()                                      # doctest: +SKIP
+    >>> ud_transport.get_default().shard_range(1000)  # rank 1 of 4  # doctest: +SKIP
+    (250, 500)
     """
     if _default is None or _default.closed:
         raise TransportError("no default communicator: call ud_transport.init() first")
@@ -127,7 +137,15 @@ def agree(value, **keywords):
 
 
 def close():
-    """Close the default communicator, if any (safe to call more than once)."""
+    """Close the default communicator, if any, and forget it (safe to call more than once).
+
+    The module-level collectives then raise TransportError until ``init()`` is called again.
+
+    Examples
+    --------
+    >>> ud_transport.init()    # doctest: +SKIP
+    >>> ud_transport.close()   # doctest: +SKIP
+    """
     global _default
     if _default is not None:
         _default.close()

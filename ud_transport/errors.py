@@ -2,11 +2,30 @@
 
 
 class TransportError(RuntimeError):
-    """Base class: a collective could not complete.
+    """Base class: a collective, or the communicator itself, could not complete.
 
-    When a system or libibverbs call failed underneath, `call` names it ("bind",
-    "ibv_post_send"), `errno` is its errno and `object` what it was called on, as
-    the C layer reported them; otherwise the three are None."""
+    Raised as itself when the transport failed (here or at a peer), the rendezvous failed
+    within ``Options.store_timeout_s``, the communicator is closed, or ``get_default()`` finds
+    none; the subclasses name the other causes. Every rank of a failed call raises the same
+    error. Picklable, with its attributes.
+
+    Attributes
+    ----------
+    call : str or None
+        The system or libibverbs call that failed underneath ("bind", "ibv_post_send"), as
+        the C layer reported it; None when the error is not a failed call.
+    errno : int or None
+        That call's errno.
+    object : str or None
+        What the call was made on (an address, a device), as the C layer named it.
+
+    Examples
+    --------
+    >>> try:                                                  # doctest: +SKIP
+    ...     ud_transport.allreduce(gradient)
+    ... except ud_transport.TransportError as error:
+    ...     print(error, error.call, error.errno)
+    """
 
     call = None
     errno = None
@@ -24,7 +43,28 @@ class TransportError(RuntimeError):
 
 
 class LossBudgetExceeded(TransportError):
-    """More of the result was missing at the deadline than loss_budget allows."""
+    """More of the result was missing at the deadline than `loss_budget` allows.
+
+    Raised by a lossy collective when ``1 - stats.reduce_fraction`` or
+    ``1 - stats.gather_fraction`` exceeds the call's budget (the verdict every rank agreed
+    on, so every rank raises it); by the exact collectives of the c10d backend when their
+    repeats did not complete; by the torch integration under ``on_budget_miss="raise"``. The
+    caller's tensors keep their values.
+
+    Attributes
+    ----------
+    stats : CollectiveStats or None
+        The failed call's stats: how much arrived (``reduce_fraction``,
+        ``gather_fraction``, ``chunks_lost``).
+
+    Examples
+    --------
+    >>> try:                                                       # doctest: +SKIP
+    ...     ud_transport.allreduce(gradient, loss_budget=0.05)
+    ... except ud_transport.LossBudgetExceeded as error:
+    ...     print(error.stats.reduce_fraction)                      # gradient unchanged
+    0.93
+    """
 
     def __init__(self, message, stats):
         super().__init__(message)
@@ -35,7 +75,15 @@ class LossBudgetExceeded(TransportError):
 
 
 class RankError(TransportError):
-    """An error caused by one identifiable rank (`.rank`)."""
+    """An error caused by one identifiable rank: the base of PeerTimeout and LayoutMismatch.
+
+    Attributes
+    ----------
+    rank : int
+        The rank blamed, the same on every rank.
+    stats : CollectiveStats or None
+        The failed call's stats.
+    """
 
     def __init__(self, message, rank, stats=None):
         super().__init__(message)
@@ -47,8 +95,40 @@ class RankError(TransportError):
 
 
 class PeerTimeout(RankError):
-    """A rank sent nothing within the deadline."""
+    """A rank did not take part: it did not join the call within ``Options.join_timeout_s``,
+    went silent past the deadline, or is gone (UDP: its port is closed).
+
+    Attributes
+    ----------
+    rank : int
+        The rank blamed (``stats.silent_rank``), the same on every rank.
+    stats : CollectiveStats or None
+        The failed call's stats.
+
+    Examples
+    --------
+    >>> try:                                             # doctest: +SKIP
+    ...     ud_transport.allreduce(gradient, deadline=5)
+    ... except ud_transport.PeerTimeout as error:
+    ...     print(f"rank {error.rank} is not answering")
+    """
 
 
 class LayoutMismatch(RankError):
-    """Ranks called the same collective with different sizes, dtypes or ops."""
+    """Ranks called with different layouts: another collective, element count, dtype, op
+    or root. A programming error; nothing of the result is applied.
+
+    Attributes
+    ----------
+    rank : int
+        A rank whose layout differs (``stats.mismatched_rank``), the same on every rank.
+    stats : CollectiveStats or None
+        The failed call's stats.
+
+    Examples
+    --------
+    >>> try:                                             # doctest: +SKIP
+    ...     ud_transport.allreduce(np.zeros(rank + 1, dtype=np.float32))
+    ... except ud_transport.LayoutMismatch as error:
+    ...     print(f"rank {error.rank} called with another layout")
+    """

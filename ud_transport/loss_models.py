@@ -19,7 +19,30 @@ def _check_probability(name, value):
 
 @dataclass(frozen=True)
 class Bernoulli:
-    """Each datagram is lost independently with probability p (the model of Weintraub et al.)."""
+    """Each received datagram is lost independently with probability `p` (the model of
+    Weintraub et al.).
+
+    Dropped below the engine, which cannot tell it from the network; counted in
+    ``CollectiveStats.injected_drops``.
+
+    Attributes
+    ----------
+    p : float in [0, 1]
+        Loss probability per datagram.
+    seed : int, default 0
+        Seed of the random stream; each rank derives its own from it, so a run repeats.
+
+    Raises
+    ------
+    ValueError
+        `p` outside [0, 1].
+
+    Examples
+    --------
+    >>> ud_transport.init(inject=Bernoulli(0.1, seed=1))  # doctest: +SKIP
+    >>> Bernoulli(0.1).mean_loss
+    0.1
+    """
 
     p: float
     seed: int = 0
@@ -41,7 +64,36 @@ class Bernoulli:
 class GilbertElliott:
     """Two-state bursty loss: a good state with rare loss and a bad state with
     heavy loss (DBLP's microbursts lose 60-90% for a few iterations).
-    Transitions are evaluated per datagram."""
+
+    Each rank's receiver starts in the good state; per received datagram it first changes
+    state with the transition probability, then loses the datagram with that state's loss
+    probability. Counted in ``CollectiveStats.injected_drops``.
+
+    Attributes
+    ----------
+    good_to_bad : float in [0, 1], default 0.001
+        Probability per datagram of entering the bad state.
+    bad_to_good : float in [0, 1], default 0.05
+        Probability per datagram of leaving it (mean burst: 1 / bad_to_good datagrams).
+    loss_in_good : float in [0, 1], default 0.0
+        Loss probability in the good state.
+    loss_in_bad : float in [0, 1], default 0.8
+        Loss probability in the bad state.
+    seed : int, default 0
+        Seed of the random stream; each rank derives its own from it, so a run repeats.
+
+    Raises
+    ------
+    ValueError
+        A probability outside [0, 1], or both transition probabilities 0.
+
+    Examples
+    --------
+    >>> bursts = GilbertElliott(good_to_bad=0.01, bad_to_good=0.09, loss_in_bad=0.8, seed=7)
+    >>> round(bursts.mean_loss, 3)
+    0.08
+    >>> ud_transport.init(inject=bursts)  # doctest: +SKIP
+    """
 
     good_to_bad: float = 0.001
     bad_to_good: float = 0.05

@@ -15,30 +15,115 @@ ALGORITHMS = ("auto", "ring", "direct")
 
 @dataclass(frozen=True)
 class Options:
-    chunk_bytes: int = 0  # payload per datagram; 0 = the largest the path MTU allows
-    window_bytes: int = 16 * MIB  # data all senders together may have in flight to us (direct needs ~2 steps of it)
+    """How a Communicator runs: keyword arguments of ``init()``, else environment variables,
+    else these defaults.
+
+    Each field's environment variable is the one ``ud_transport.environment.VARIABLES`` lists
+    for it (README, "Environment variables"); keyword arguments win over the environment.
+    ``options.build(**keywords)`` makes the Options ``init()`` uses.
+
+    Attributes
+    ----------
+    chunk_bytes : int, default 0
+        Payload bytes per datagram; 0 takes the largest the path MTU allows on every rank.
+        Rounded down to a multiple of 8 (whole elements of every dtype); more than one datagram
+        carries is a ValueError when the Communicator opens. ``UD_CHUNK_BYTES``.
+    window_bytes : int, default 16777216 (16 MiB)
+        Bytes all senders together may have in flight to this rank (its credit window); the
+        direct schedule needs about two steps of it. On UDP it is lowered, with a warning, to
+        fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.
+    socket_buffer_bytes : int, default 67108864 (64 MiB)
+        UDP send and receive buffer asked of the kernel. ``UD_SOCKET_BUFFER_BYTES``.
+    end_repeats : int, default 3
+        Copies of each end-of-step marker (they can be lost too); 1 to
+        ``_native.MAX_END_REPEATS``.
+    credit_refresh_us : int, default 2000
+        Microseconds between resends of this rank's credit while it waits for data.
+    reorder_grace_us : int, default 200
+        Microseconds a step waits for stragglers after its sender's end marker.
+    busy_poll_us : int, default 0
+        Microseconds to spin for the next datagram before sleeping (hurts when ranks share
+        cores).
+    idle_close_us : int, default 20000
+        Microseconds without arrivals after which a step with a gap stops waiting.
+    deadline_cap_s : float, default 30.0
+        Seconds: the adaptive default deadline never exceeds this; also ``agree()``'s default
+        deadline. ``UD_DEADLINE_CAP``.
+    deadline_floor_s : float, default 1.0
+        Seconds: the adaptive default deadline is never below this.
+    deadline_multiplier : float, default 4.0
+        The adaptive default deadline is this times the median time of recent calls, scaled to
+        the call's size (the cap until a call has been timed).
+    default_loss_budget : float, default 0.1
+        The ``loss_budget`` of a call that passes None, in [0, 1]. ``UD_LOSS_BUDGET``.
+    estimator : {"unbiased", "zero_fill"}, default "unbiased"
+        The ``estimator`` of a call that passes None (see Estimator).
+    algorithm : {"auto", "ring", "direct"}, default "auto"
+        The schedule of a call that passes None; "auto" takes direct above two ranks, ring at
+        two. ``UD_ALGORITHM``.
+    agree_resend_us : int, default 1000
+        Microseconds before the first resend of a verdict-round message (the interval doubles,
+        up to 16x; JOIN requests up to 128x).
+    join_timeout_s : float, default 300.0
+        Seconds a call waits for every rank to join it before a PeerTimeout names the absent
+        one; the data deadline counts from the join. 0.001 to 4e6. ``UD_JOIN_TIMEOUT``.
+    bind_address : str, default ""
+        Local IPv4 address to bind; "" takes the one that reaches ``MASTER_ADDR``.
+        ``UD_BIND_ADDRESS``.
+    store_timeout_s : float, default 60.0
+        Seconds within which every rendezvous failure (store unreachable, a rank missing or
+        disagreeing) raises. ``UD_STORE_TIMEOUT``.
+    inject : Bernoulli or GilbertElliott, default None
+        A loss model applied to the datagrams this rank receives (each rank derives its own
+        stream from the model's seed). ``init()`` reads ``UD_INJECT`` and ``UD_INJECT_SEED``
+        when it is not given.
+    device : str, default ""
+        Verbs only: the RDMA device, e.g. "mlx5_0" or "rxe0"; "" takes ``UD_DEVICE``, else one
+        is chosen (see ``python -m ud_transport info``).
+    port : int, default 0
+        Verbs only: the device port, 1-based; 0 takes ``UD_PORT``, else one is chosen.
+    gid_index : int, default -1
+        Verbs only: the source GID index (RoCE: the RoCEv2 GID of the interface that reaches
+        the other ranks); -1 takes ``UD_GID_INDEX``, else one is chosen.
+    receive_depth : int, default 0
+        Verbs only: receives kept posted; 0 takes enough for `window_bytes`. At most what the
+        device allows.
+
+    Raises
+    ------
+    ValueError
+        From ``validate()``, which ``options.build()`` and so ``init()`` call: a field out of
+        range. (Constructing Options directly does not validate.)
+
+    Examples
+    --------
+    >>> ud_transport.init(chunk_bytes=8192, deadline_cap_s=5.0)  # doctest: +SKIP
+    >>> Options(window_bytes=1 << 20).validate().window_bytes
+    1048576
+    """
+    chunk_bytes: int = 0
+    window_bytes: int = 16 * MIB
     socket_buffer_bytes: int = 64 * MIB
-    end_repeats: int = 3  # copies of each end-of-step marker (they can be lost too)
+    end_repeats: int = 3
     credit_refresh_us: int = 2000
     reorder_grace_us: int = 200
-    busy_poll_us: int = 0  # spin this long for the next datagram before sleeping (hurts when ranks share cores)
-    idle_close_us: int = 20000  # a step with a gap stops waiting after this long without arrivals
-    deadline_cap_s: float = 30.0  # the adaptive default deadline never exceeds this
+    busy_poll_us: int = 0
+    idle_close_us: int = 20000
+    deadline_cap_s: float = 30.0
     deadline_floor_s: float = 1.0
-    deadline_multiplier: float = 4.0  # default deadline = multiplier x recent typical time
+    deadline_multiplier: float = 4.0
     default_loss_budget: float = 0.1
-    estimator: str = "unbiased"  # or "zero_fill", a biased baseline for experiments
-    algorithm: str = "auto"  # "ring", "direct", or "auto" (see README: chosen by world size)
-    agree_resend_us: int = 1000  # first resend interval of verdict-round messages (doubles up to 16x)
-    join_timeout_s: float = 300.0  # how long a call waits for every rank to join it (the deadline counts from then)
-    bind_address: str = ""  # "" = the address that reaches MASTER_ADDR
-    store_timeout_s: float = 60.0  # rendezvous: every failure (store unreachable, a rank missing or disagreeing) raises within it
-    inject: object = field(default=None)  # a loss model from ud_transport.loss_models
-    # verbs (RDMA UD) only; unset = UD_DEVICE / UD_PORT / UD_GID_INDEX, else chosen (see `python -m ud_transport info`)
-    device: str = ""  # e.g. "mlx5_0", "rxe0"
-    port: int = 0  # 1-based
-    gid_index: int = -1  # RoCE: the RoCEv2 GID of the interface that reaches the other ranks
-    receive_depth: int = 0  # receives kept posted; 0 = enough for window_bytes
+    estimator: str = "unbiased"
+    algorithm: str = "auto"
+    agree_resend_us: int = 1000
+    join_timeout_s: float = 300.0
+    bind_address: str = ""
+    store_timeout_s: float = 60.0
+    inject: object = field(default=None)
+    device: str = ""
+    port: int = 0
+    gid_index: int = -1
+    receive_depth: int = 0
 
     def validate(self):
         """Returns self, or raises ValueError naming the first field out of range."""

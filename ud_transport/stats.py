@@ -1,31 +1,130 @@
 """What one collective call did."""
 from dataclasses import asdict, dataclass, fields
 
+# Counters shown by repr() when nonzero: datagrams that did not count, and why.
+NOTABLE_DROPS = ("injected_drops", "receive_overflow_drops", "dropped_stale", "dropped_duplicate", "dropped_foreign",
+                 "dropped_invalid", "dropped_early")
 
-@dataclass(frozen=True)
+
+# repr=False: the generated repr lists all 40 fields; ours is one readable line
+@dataclass(frozen=True, repr=False)
 class CollectiveStats:
-    """Outcome of one call on one rank.
+    """Outcome of one collective call on one rank, returned by every collective.
 
     The two halves of a call are reported apart, and `loss_budget` bounds each:
     `reduce_fraction` is the share of all ranks' contributions that reached
     their shard's owner (agreed by every rank; 1.0 for collectives without a
     reduce half), `gather_fraction` the least share of fresh (not stale)
-    elements in any rank's output (agreed; 1.0 without a gather half)."""
-    delivered_fraction: float  # share of all ranks' contributions present in this rank's result
+    elements in any rank's output (agreed; 1.0 without a gather half).
+    Frozen, comparable with ``==`` and picklable; ``to_dict()`` gives every
+    field, ``repr()`` one line with the key values (and the rank blamed, the
+    deadline expiring and nonzero drop counters, when there are any).
+
+    Attributes
+    ----------
+    delivered_fraction : float
+        Share of all ranks' contributions present in this rank's result.
+    reduce_fraction : float
+        Agreed: share of all contributions that reached their shard's owner.
+    gather_fraction : float
+        Agreed: the least share of fresh elements in any rank's output.
+    own_reduce_fraction : float
+        `reduce_fraction` for this rank's shard only (not agreed).
+    own_gather_fraction : float
+        `gather_fraction` for this rank's output only (not agreed).
+    chunks_total : int
+        Chunks this rank expected to receive.
+    chunks_lost : int
+        Of those, the ones that never arrived in time.
+    chunks_stale : int
+        Chunks of this rank's output whose final value did not arrive: kept their old value
+        (all_gather, broadcast) or were filled (allreduce: see Estimator).
+    elapsed_s : float
+        Seconds from the call's start to its end, join wait and verdict round included.
+    deadline_s : float
+        Seconds the data phase was allowed (given, or the adaptive default).
+    agree_s : float
+        Seconds spent in the verdict round.
+    join_wait_s : float
+        Seconds until every rank was known to be in the call; the deadline counts from then.
+    sequence : int
+        The call's number on this communicator (wraps at 2**32).
+    steps : int
+        Steps of the schedule.
+    critical_path : int
+        Hops on the schedule's longest dependency chain.
+    datagrams_sent : int
+        Every datagram this rank sent: data, markers, credits, JOIN and verdict messages.
+    datagrams_received : int
+        Valid data datagrams used.
+    dropped_stale : int
+        Datagrams dropped as belonging to an earlier call or a step already closed.
+    dropped_duplicate : int
+        Datagrams dropped as copies of a chunk already received.
+    dropped_foreign : int
+        Datagrams dropped for a wrong magic, version, session or source.
+    dropped_invalid : int
+        Datagrams dropped as truncated, out of range or with inconsistent lengths.
+    dropped_early : int
+        Datagrams dropped because they would have overwritten data not yet sent.
+    injected_drops : int
+        Received datagrams the injected loss model (``Options.inject``) discarded.
+    agree_messages_sent : int
+        Verdict-round messages sent.
+    join_messages_sent : int
+        JOIN requests and replies: who is in the call, whether a quiet sender is alive.
+    receive_overflow_drops : int
+        Datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss:
+        lower ``Options.window_bytes`` or raise ``net.core.rmem_max``).
+    verdict_acks_presumed : int
+        Peers whose acknowledgement of this rank's verdict was presumed (silent long after it
+        went to them).
+    steps_ended, steps_superseded, steps_idle_closed, steps_timed_out : int
+        Receive steps with missing chunks, by how they closed: by the sender's END marker (its
+        verdict message, or all it announced having come), by data of a later step, by quiet after a gap
+        (``Options.idle_close_us``), or by their share of the deadline.
+    idle_waits : int
+        Times the engine slept waiting for the network.
+    credit_stalls : int
+        Times sending stopped at a receiver's credit limit (``Options.window_bytes``).
+    agreed_value : int
+        The maximum over ranks of ``agree()``'s value (0 for other collectives).
+    deadline_expired : bool
+        The data phase reached its deadline.
+    silent_rank : int
+        A rank not heard from (the one a PeerTimeout names); -1 when every peer was heard.
+    mismatched_rank : int
+        A rank that called with another layout; -1 when none did.
+    collective : str
+        "allreduce", "reduce_scatter", "all_gather", "broadcast" or "agree".
+    algorithm : str
+        The schedule that ran: "ring" or "direct".
+    transport : str
+        "udp" or "verbs".
+
+    Examples
+    --------
+    >>> stats = ud_transport.allreduce(gradient, loss_budget=0.1)  # doctest: +SKIP
+    >>> stats                                                      # doctest: +SKIP
+    CollectiveStats(allreduce ring udp, reduce_fraction=0.9981, gather_fraction=1, chunks_lost=3/1536, elapsed=4.12 ms)
+    >>> stats.to_dict()["chunks_lost"]                             # doctest: +SKIP
+    3
+    """
+    delivered_fraction: float
     reduce_fraction: float
     gather_fraction: float
-    own_reduce_fraction: float  # this rank's shard only
-    own_gather_fraction: float  # this rank's output only
-    chunks_total: int  # chunks this rank expected to receive
-    chunks_lost: int  # of those, never arrived in time
-    chunks_stale: int  # chunks of this rank's output that kept their old value (or, in allreduce, were filled)
+    own_reduce_fraction: float
+    own_gather_fraction: float
+    chunks_total: int
+    chunks_lost: int
+    chunks_stale: int
     elapsed_s: float
     deadline_s: float
-    agree_s: float  # time spent in the verdict round
-    join_wait_s: float  # until every rank was known to be in the call (a late rank); the deadline counts from then
+    agree_s: float
+    join_wait_s: float
     sequence: int
     steps: int
-    critical_path: int  # hops on the schedule's longest dependency chain
+    critical_path: int
     datagrams_sent: int
     datagrams_received: int
     dropped_stale: int
@@ -35,19 +134,19 @@ class CollectiveStats:
     dropped_early: int
     injected_drops: int
     agree_messages_sent: int
-    join_messages_sent: int  # JOIN requests and replies: who is in the call, whether a quiet sender is alive
-    receive_overflow_drops: int  # datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss)
-    verdict_acks_presumed: int  # peers whose acknowledgement of our verdict we stopped waiting for (silent long after it went to them)
-    steps_ended: int  # receive steps with missing chunks closed by the END marker (or all the sender announced),
-    steps_superseded: int  # by data of a later step,
-    steps_idle_closed: int  # by quiet after a gap,
-    steps_timed_out: int  # or by their share of the deadline
+    join_messages_sent: int
+    receive_overflow_drops: int
+    verdict_acks_presumed: int
+    steps_ended: int
+    steps_superseded: int
+    steps_idle_closed: int
+    steps_timed_out: int
     idle_waits: int
     credit_stalls: int
-    agreed_value: int  # max over ranks of agree()'s value
+    agreed_value: int
     deadline_expired: bool
-    silent_rank: int  # -1 when all peers were heard
-    mismatched_rank: int  # -1 unless a rank called with another layout
+    silent_rank: int
+    mismatched_rank: int
     collective: str = ""
     algorithm: str = ""
     transport: str = ""
@@ -58,11 +157,37 @@ class CollectiveStats:
         return 1.0 - self.delivered_fraction
 
     def to_dict(self):
-        """Every field by name (for logs and JSON)."""
+        """Every field by name, for logs and JSON.
+
+        Returns
+        -------
+        dict
+            ``{field name: value}`` for every field, in declaration order;
+            ``CollectiveStats(**stats.to_dict()) == stats``.
+
+        Examples
+        --------
+        >>> import json
+        >>> json.dumps(stats.to_dict())  # doctest: +SKIP
+        '{"delivered_fraction": 1.0, "reduce_fraction": 1.0, ...}'
+        """
         return asdict(self)
+
+    def __repr__(self):
+        labels = " ".join(label for label in (self.collective, self.algorithm, self.transport) if label)
+        parts = [labels] if labels else []
+        parts += [f"reduce_fraction={self.reduce_fraction:.6g}", f"gather_fraction={self.gather_fraction:.6g}",
+                  f"chunks_lost={self.chunks_lost}/{self.chunks_total}", f"elapsed={self.elapsed_s * 1e3:.2f} ms"]
+        if self.deadline_expired:
+            parts.append("deadline_expired")
+        blamed = [name for name in ("silent_rank", "mismatched_rank") if getattr(self, name) != -1]
+        parts += [f"{name}={getattr(self, name)}" for name in blamed + [n for n in NOTABLE_DROPS if getattr(self, n)]]
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     @classmethod
     def from_native(cls, raw, **labels):
+        """The stats of the C engine's result dict (extra keys ignored) with the labels
+        (`collective`, `algorithm`, `transport`) the engine does not know."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in names}
         values["deadline_expired"] = bool(values["deadline_expired"])

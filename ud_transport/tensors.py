@@ -7,15 +7,48 @@ from . import _native
 
 
 class ReduceOp(str, enum.Enum):
-    """The reductions of the lossy collectives. Strings ("sum", "mean", "avg") and
-    torch.distributed.ReduceOp.SUM / AVG are accepted wherever one is."""
+    """The reductions of the lossy collectives (the `op` of allreduce and reduce_scatter).
+
+    Strings ("sum", "mean", "avg", any case) and ``torch.distributed.ReduceOp.SUM`` / ``AVG``
+    are accepted wherever one is; other reductions are a ValueError.
+
+    Attributes
+    ----------
+    SUM : "sum"
+        The elementwise sum over ranks.
+    MEAN : "mean"
+        The sum divided by the world size ("avg" is the same).
+
+    Examples
+    --------
+    >>> ud_transport.allreduce(gradient, op=ud_transport.ReduceOp.MEAN)  # doctest: +SKIP
+    >>> ReduceOp("mean") is ReduceOp.MEAN
+    True
+    """
     SUM = "sum"
     MEAN = "mean"
 
 
 class Estimator(str, enum.Enum):
-    """How a missing contribution is treated: UNBIASED rescales what arrived (the product);
-    ZERO_FILL leaves zeros in the holes, a biased baseline for experiments. Strings accepted."""
+    """How a missing contribution is treated (the `estimator` of allreduce and
+    reduce_scatter; ``Options.estimator`` when None). Strings are accepted wherever one is.
+
+    Attributes
+    ----------
+    UNBIASED : "unbiased"
+        Scale what arrived by N / contributions, so the expected result is the exact one;
+        where an owner's result did not arrive, the rank's own partial is rescaled the same
+        way. The product's choice.
+    ZERO_FILL : "zero_fill"
+        Count what did not arrive as zero, without rescaling (a biased baseline for
+        experiments).
+
+    Examples
+    --------
+    >>> ud_transport.allreduce(gradient, estimator=ud_transport.Estimator.ZERO_FILL)  # doctest: +SKIP
+    >>> Estimator("unbiased") is Estimator.UNBIASED
+    True
+    """
     UNBIASED = "unbiased"
     ZERO_FILL = "zero_fill"
 

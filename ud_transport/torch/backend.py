@@ -82,6 +82,8 @@ class BackendOptions:
 
     @classmethod
     def from_environment(cls, **overrides):
+        """BackendOptions from the environment variables that set its fields (the
+        "backend" rows of ud_transport.environment), then `overrides`; validated."""
         values = {}
         for name, variable in ENVIRONMENT.items():
             if variable in os.environ:
@@ -353,7 +355,15 @@ def _create(backend_options, pg_options):
 
 
 def register():
-    """Make backend="ud" known to torch.distributed (done on importing
-    ud_transport.torch; safe to call again)."""
+    """Make backend="ud" known to torch.distributed, for CPU tensors.
+
+    Importing ud_transport.torch already does it; safe to call again.
+
+    Examples
+    --------
+    >>> import ud_transport.torch                      # registers "ud"  # doctest: +SKIP
+    >>> ud_transport.torch.register()                  # a no-op now     # doctest: +SKIP
+    >>> torch.distributed.init_process_group("ud")     # under torchrun  # doctest: +SKIP
+    """
     if "UD" not in dist.Backend._plugins:
         dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu"])
