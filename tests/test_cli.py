@@ -2,6 +2,7 @@
 follows the CLI conventions (issue 11): a bad value is one line on stderr and exit status 2, and
 --help shows every default. Those checks parse arguments only: nothing runs."""
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -26,8 +27,9 @@ def test_demo_runs_and_reports_every_rank():
 
 def test_bench_prints_both_backends_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    result = run("bench", "--sizes", "4K,64K", "--iterations", "3", "--warmup", "1", "--no-progress", "--json", str(out))
+    result = run("bench", "--sizes", "4K,64K", "--iterations", "3", "--warmup", "1", "--json", str(out))
     assert result.returncode == 0, result.stderr
+    assert "allreduce" not in result.stderr and "\r" not in result.stderr  # no progress bar into a pipe
     table = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")][1:]
     assert {row[3] for row in table} == {"ud-auto", "gloo"} and len(table) == 4
     rows = json.loads(out.read_text())["rows"]
@@ -171,3 +173,28 @@ def test_help_texts_are_whole():
     assert "what ud_transport would use." in info.build_parser().format_help()
     assert rig_cli.build_parser().prog == "python -m ud_transport rig"
     assert rig_cli.build_parser("python -m ud_transport.rig").format_usage().startswith("usage: python -m ud_transport.rig ")
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_bench_draws_no_progress_bar_off_a_terminal(capsys):
+    assert not sys.stderr.isatty()  # pytest's capture, as a pipe or a log file would be
+    assert bench.progress_bar(10, wanted=True) is None
+    assert capsys.readouterr() == ("", "")
+
+
+def test_bench_progress_bar_needs_a_terminal_and_tqdm_only_if_installed(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if tqdm were not installed: importing it fails
+    assert bench.progress_bar(10, wanted=True) is None
+    monkeypatch.delitem(sys.modules, "tqdm")
+    pytest.importorskip("tqdm")
+    assert bench.progress_bar(10, wanted=False) is None  # --no-progress
+    bar = bench.progress_bar(10, wanted=True)
+    bar.update(1)
+    bar.close()
+    assert "allreduce" in terminal.getvalue()

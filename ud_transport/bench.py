@@ -60,15 +60,17 @@ def _reset_peak_memory():
         return False
 
 
-def _progress(total, enabled):
-    if not enabled or not sys.stderr.isatty():  # progress bars only for a person watching
+def progress_bar(total, wanted):
+    """A tqdm bar on stderr, or None: when not wanted, when stderr is no terminal (a log file
+    would fill with redrawn lines), or when tqdm is not installed (it is optional: the
+    `progress` extra)."""
+    if not wanted or not sys.stderr.isatty():
         return None
     try:
         from tqdm import tqdm
-
-        return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
     except ImportError:
         return None
+    return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
 
 
 def store_barrier(store, rank, world_size, name):
@@ -88,7 +90,7 @@ def run_rank(comm, config):
         dist.init_process_group("gloo", store=dist.PrefixStore("bench-gloo", comm.store), rank=comm.rank, world_size=comm.world_size)
     backends = [f"ud-{name}" for name in config["algorithms"]] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
-    bar = _progress(total, comm.rank == 0 and config["progress"])
+    bar = progress_bar(total, comm.rank == 0 and config["progress"])
     results = {}
     for nbytes in config["sizes"]:
         dtype = np.dtype(config["dtype"])
@@ -253,7 +255,7 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar (none is drawn off a terminal)")
+                        help="no progress bar (none is drawn off a terminal, nor without tqdm)")
     return parser
 
 
