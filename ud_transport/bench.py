@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from .local_cluster import LocalCluster
+from . import loss_models
+from .arguments import ArgumentParser, comma_separated, fraction, integer, one_of, positive_number, start_cluster
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -59,15 +60,17 @@ def _reset_peak_memory():
         return False
 
 
-def _progress(total, enabled):
-    if not enabled or not sys.stderr.isatty():  # progress bars only for a person watching
+def progress_bar(total, wanted):
+    """A tqdm bar on stderr, or None: when not wanted, when stderr is no terminal (a log file
+    would fill with redrawn lines), or when tqdm is not installed (it is optional: the
+    `progress` extra)."""
+    if not wanted or not sys.stderr.isatty():
         return None
     try:
         from tqdm import tqdm
-
-        return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
     except ImportError:
         return None
+    return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
 
 
 def store_barrier(store, rank, world_size, name):
@@ -87,7 +90,7 @@ def run_rank(comm, config):
         dist.init_process_group("gloo", store=dist.PrefixStore("bench-gloo", comm.store), rank=comm.rank, world_size=comm.world_size)
     backends = [f"ud-{name}" for name in config["algorithms"]] + (["gloo"] if config["gloo"] else [])
     total = len(backends) * len(config["sizes"]) * (config["iterations"] + config["warmup"])
-    bar = _progress(total, comm.rank == 0 and config["progress"])
+    bar = progress_bar(total, comm.rank == 0 and config["progress"])
     results = {}
     for nbytes in config["sizes"]:
         dtype = np.dtype(config["dtype"])
@@ -197,63 +200,66 @@ def ratios_to_gloo(rows):
     return lines
 
 
-def build_parser():
-    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-        pass
+def byte_size(text):
+    """type= for one of --sizes: "64K", "1M", "4096"."""
+    try:
+        size = parse_size(text)
+    except (ValueError, KeyError, IndexError):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a size (e.g. 4K,1M,64M)") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
+    return size
 
-    parser = argparse.ArgumentParser(prog="python -m ud_transport bench", description=__doc__, formatter_class=Formatter)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--sizes", default="4K,1M,64M", help="comma-separated byte sizes, e.g. 4K,1M,64M")
+
+def burst_parameters(text):
+    """type= for --burst: the four rates of a Gilbert-Elliott model, checked by the model itself."""
+    rates = comma_separated(fraction())(text)
+    if len(rates) != 4:
+        raise argparse.ArgumentTypeError(f"wants four rates good_to_bad,bad_to_good,loss_good,loss_bad, not {text!r}")
+    try:
+        loss_models.GilbertElliott(*rates)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return rates
+
+
+def build_parser():
+    parser = ArgumentParser(prog="python -m ud_transport bench", description=__doc__)
+    parser.add_argument("--world-size", type=integer(1), default=2)
+    parser.add_argument("--sizes", type=comma_separated(byte_size), default="4K,1M,64M",
+                        help="comma-separated byte sizes, e.g. 4K,1M,64M")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "int32"])
     parser.add_argument("--op", default="sum", choices=["sum", "mean"])
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--loss", type=float, default=0.0, help="injected loss rate (ud_transport only; Gloo cannot lose)")
+    parser.add_argument("--iterations", type=integer(1), default=20)
+    parser.add_argument("--warmup", type=integer(0), default=3)
+    parser.add_argument("--loss", type=fraction(one_allowed=False), default=0.0,
+                        help="injected loss rate (ud_transport only; Gloo cannot lose)")
     parser.add_argument("--loss-model", default="bernoulli", choices=["bernoulli", "gilbert_elliott"],
                         help="gilbert_elliott: bursts with the --burst parameters (then --loss is not used)")
-    parser.add_argument("--burst", default="0.002,0.05,0.0,0.8", help="Gilbert-Elliott good_to_bad,bad_to_good,loss_good,loss_bad")
-    parser.add_argument("--kernel-loss", type=float, default=0.0,
+    parser.add_argument("--burst", type=burst_parameters, default="0.002,0.05,0.0,0.8",
+                        help="Gilbert-Elliott good_to_bad,bad_to_good,loss_good,loss_bad")
+    parser.add_argument("--kernel-loss", type=fraction(one_allowed=False), default=0.0,
                         help="real loss for both backends: nftables drops this share of UDP and TCP packets in a private namespace")
-    parser.add_argument("--loss-budget", type=float, default=1.0)
-    parser.add_argument("--deadline", type=float, default=None, help="seconds; default: ud_transport's adaptive deadline")
-    parser.add_argument("--chunk-bytes", type=int, default=0)
-    parser.add_argument("--algorithm", default="auto",
+    parser.add_argument("--loss-budget", type=fraction(), default=1.0)
+    parser.add_argument("--deadline", type=positive_number, default=None,
+                        help="seconds (default: ud_transport's adaptive deadline)")
+    parser.add_argument("--chunk-bytes", type=integer(0), default=0, help="payload bytes per datagram; 0: the largest the MTU allows")
+    parser.add_argument("--algorithm", type=comma_separated(one_of(("auto", "ring", "direct"))), default="auto",
                         help="comma-separated ud_transport schedules to run side by side: auto, ring, direct")
     parser.add_argument("--hosts", default="loopback", choices=["loopback", "veth"],
                         help="veth: every rank in its own network namespace, joined by veth links (needs root)")
-    parser.add_argument("--mtu", type=int, default=1500, help="MTU of the veth links (1500, or 9000 for jumbo frames)")
+    parser.add_argument("--mtu", type=integer(68, 65535), default=1500,
+                        help="MTU of the veth links (1500, or 9000 for jumbo frames)")
     parser.add_argument("--switch", action="store_true", help="with --hosts veth: a bridge even for 2 ranks")
-    parser.add_argument("--no-gloo", dest="gloo", action="store_false")
+    parser.add_argument("--no-gloo", dest="gloo", action="store_false", help="run ud_transport only")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write all timings here")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (none is drawn off a terminal)")
-    for action in parser._actions:
-        if action.help is None:
-            action.help = "(default: %(default)s)"  # so --help shows every default
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar (none is drawn off a terminal, nor without tqdm)")
     return parser
 
 
-def check_arguments(parser, args):
-    """Bad values end in one line saying what was wrong and exit status 2."""
-    if args.iterations < 1 or args.warmup < 0 or args.world_size < 1:
-        parser.error("--iterations and --world-size must be at least 1, --warmup at least 0")
-    if not (0 <= args.loss < 1 and 0 <= args.kernel_loss < 1 and 0 <= args.loss_budget <= 1):
-        parser.error("--loss and --kernel-loss must be in [0, 1), --loss-budget in [0, 1]")
-    if args.deadline is not None and args.deadline <= 0:
-        parser.error("--deadline must be positive")
-    try:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
-    except (ValueError, KeyError, IndexError):
-        parser.error(f"--sizes: cannot read {args.sizes!r} (e.g. 4K,1M,64M)")
-    if any(size <= 0 for size in sizes):
-        parser.error("--sizes must be positive")
-    unknown = {name.strip() for name in args.algorithm.split(",")} - {"auto", "ring", "direct"}
-    if unknown:
-        parser.error(f"--algorithm: unknown {', '.join(sorted(unknown))} (choose from auto, ring, direct)")
-
-
 def main(argv=None):
-    from . import loss_models
     from .hosts import Hosts
     from .hosts import unavailable_reason as hosts_unavailable
     from .kernel_loss import LossyNamespace
@@ -261,14 +267,13 @@ def main(argv=None):
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_arguments(parser, args)
-    config = dict(sizes=[parse_size(s) for s in args.sizes.split(",")], dtype=args.dtype, op=args.op,
+    config = dict(sizes=args.sizes, dtype=args.dtype, op=args.op,
                   iterations=args.iterations, warmup=args.warmup, loss_budget=args.loss_budget, deadline=args.deadline,
                   gloo=args.gloo, seed=args.seed, progress=args.progress,
-                  algorithms=[name.strip() for name in args.algorithm.split(",")])
+                  algorithms=args.algorithm)
     inject = None
     if args.loss_model == "gilbert_elliott":
-        inject = loss_models.from_string("gilbert_elliott:" + args.burst, seed=args.seed)
+        inject = loss_models.GilbertElliott(*args.burst, seed=args.seed)
     elif args.loss > 0:
         inject = loss_models.Bernoulli(args.loss, seed=args.seed)
     store_port = free_tcp_port()
@@ -289,8 +294,8 @@ def main(argv=None):
     else:
         where = "loopback"
     try:
-        with LocalCluster(args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
-                          hosts=hosts, inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
+        with start_cluster(parser, args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
+                           hosts=hosts, inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
             per_rank = cluster.run(run_rank, config, timeout_s=3600)
     finally:
         for made in (namespace, hosts):

@@ -6,13 +6,12 @@ delivered and how far the unbiased estimate lands from the exact sum.
 
     python -m ud_transport demo --world-size 4 --loss 0.1
 """
-import argparse
 import sys
 
 import numpy as np
 
+from .arguments import ArgumentParser, fraction, integer, start_cluster
 from .errors import LossBudgetExceeded
-from .local_cluster import LocalCluster
 
 
 def demo_rank(comm, count, calls, loss_budget, algorithm):
@@ -30,17 +29,22 @@ def demo_rank(comm, count, calls, loss_budget, algorithm):
     return report
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m ud_transport demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--count", type=int, default=1 << 20, help="float32 elements per tensor")
-    parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--loss", type=float, default=0.1, help="injected datagram loss rate")
-    parser.add_argument("--loss-budget", type=float, default=0.1)
+def build_parser():
+    parser = ArgumentParser(prog="python -m ud_transport demo", description=__doc__)
+    parser.add_argument("--world-size", type=integer(1), default=4)
+    parser.add_argument("--count", type=integer(1), default=1 << 20, help="float32 elements per tensor")
+    parser.add_argument("--calls", type=integer(1), default=5)
+    parser.add_argument("--loss", type=fraction(one_allowed=False), default=0.1, help="injected datagram loss rate")
+    parser.add_argument("--loss-budget", type=fraction(), default=0.1)
     parser.add_argument("--algorithm", default="auto", choices=["auto", "ring", "direct"])
-    parser.add_argument("--chunk-bytes", type=int, default=8192)
+    parser.add_argument("--chunk-bytes", type=integer(0), default=8192,
+                        help="payload bytes per datagram; 0: the largest the MTU allows")
     parser.add_argument("--seed", type=int, default=7)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     from . import Bernoulli
@@ -48,7 +52,7 @@ def main(argv=None):
     inject = Bernoulli(args.loss, seed=args.seed) if args.loss > 0 else None
     print(f"ud_transport demo: {args.world_size} ranks, {args.count} float32 elements, mean allreduce, "
           f"{args.loss:.0%} injected datagram loss, chunks of {args.chunk_bytes} bytes")
-    with LocalCluster(args.world_size, inject=inject, chunk_bytes=args.chunk_bytes) as cluster:
+    with start_cluster(parser, args.world_size, inject=inject, chunk_bytes=args.chunk_bytes) as cluster:
         transport = cluster.run(lambda_transport)[0]
         per_rank = cluster.run(demo_rank, args.count, args.calls, args.loss_budget, args.algorithm)
     print(f"transport: {transport}, algorithm: {per_rank[0][0][2].algorithm}, loss_budget {args.loss_budget}")

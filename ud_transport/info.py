@@ -4,12 +4,12 @@ ports, GID tables, the UDP socket's batching and buffers, and what ud_transport 
     python -m ud_transport info               # every device
     python -m ud_transport info --device rxe0 --json
 """
-import argparse
 import json
 import os
 import sys
 
 from . import _native, options, rendezvous, transports, verbs_extension
+from .arguments import ArgumentParser
 
 
 def gather(device=None):
@@ -143,11 +143,29 @@ def render(report, out):
     print("override with device= / UD_DEVICE, port= / UD_PORT, gid_index= / UD_GID_INDEX", file=out)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m ud_transport info", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", help="only this device (also what ud_transport would pick on it)")
+def build_parser():
+    parser = ArgumentParser(prog="python -m ud_transport info", description=__doc__)
+    parser.add_argument("--device", help="only this device, and what ud_transport would pick on it (default: every device)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def check_device(parser, device):
+    """A --device that does not exist is a bad value: without this check info would print nothing
+    about it and exit 0."""
+    if device is None:
+        return
+    verbs = verbs_extension.load()
+    names = verbs.device_names() if verbs else []
+    if device not in names:
+        here = f"devices here: {', '.join(names)}" if names else f"there are none here: {transports.why_no_rdma()}"
+        parser.error(f"argument --device: no RDMA device {device!r}; {here}")
+
+
+def main(argv=None):
+    parser = build_parser()
     arguments = parser.parse_args(argv)
+    check_device(parser, arguments.device)
     report = gather(arguments.device)
     if arguments.json:
         json.dump(report, sys.stdout, indent=2, default=lambda value: value.hex() if isinstance(value, bytes) else str(value))

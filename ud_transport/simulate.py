@@ -15,7 +15,6 @@ bias = mean of (result - exact) * exact / RMS(exact)^2, the share by which the
 result shrinks (zero fill) or grows; rms err = RMS(result - exact) / RMS(exact).
 Inputs: a signal all ranks share plus as much noise of each rank's own. Writes simulation.md, simulation.csv and
 simulation.png to --out."""
-import argparse
 import csv
 import logging
 import os
@@ -25,7 +24,8 @@ import time
 import numpy as np
 
 from . import _native
-from .tensors import estimator_code
+from .arguments import ArgumentParser, comma_separated, fraction, integer, one_of
+from .tensors import ESTIMATOR_CODES, estimator_code
 
 log = logging.getLogger("ud_transport")
 
@@ -93,28 +93,41 @@ def plot(table, path):
     plt.close(figure)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m ud_transport simulate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worlds", default="2,4,8,16,32,64,128,256,512,1024", help="comma-separated world sizes")
-    parser.add_argument("--losses", default="0.01,0.1,burst", help="i.i.d. loss rates, or 'burst' (Gilbert-Elliott)")
-    parser.add_argument("--algorithms", default="ring,direct")
-    parser.add_argument("--estimators", default="unbiased,zero_fill", help="hole fills to measure bias and spread of")
-    parser.add_argument("--calls", type=int, default=5, help="calls per cell (each on every rank)")
-    parser.add_argument("--chunks-per-block", type=int, default=4)
-    parser.add_argument("--budget", type=float, default=0.1)
+def loss_setting(text):
+    """type= for one of --losses: a rate in [0, 1), or "burst"; kept as text, the table's label."""
+    if text != "burst":
+        fraction(one_allowed=False)(text)
+    return text
+
+
+def build_parser():
+    parser = ArgumentParser(prog="python -m ud_transport simulate", description=__doc__)
+    parser.add_argument("--worlds", type=comma_separated(integer(1)), default="2,4,8,16,32,64,128,256,512,1024",
+                        help="comma-separated world sizes")
+    parser.add_argument("--losses", type=comma_separated(loss_setting), default="0.01,0.1,burst",
+                        help="i.i.d. loss rates, or 'burst' (Gilbert-Elliott)")
+    parser.add_argument("--algorithms", type=comma_separated(one_of(tuple(ALGORITHM_CODES))), default="ring,direct")
+    parser.add_argument("--estimators", type=comma_separated(one_of(tuple(ESTIMATOR_CODES))), default="unbiased,zero_fill",
+                        help="hole fills to measure bias and spread of")
+    parser.add_argument("--calls", type=integer(1), default=5, help="calls per cell (each on every rank)")
+    parser.add_argument("--chunks-per-block", type=integer(1), default=4)
+    parser.add_argument("--budget", type=fraction(), default=0.1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="simulation", help="directory for the table and the plot")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     table = []
     header = (f"{'ranks':>6} {'loss':>6} {'algorithm':>9} {'estimator':>9} {'reduce':>15} {'gather':>15} "
               f"{'ok@' + str(args.budget):>7} {'split':>5} {'hops':>5} {'bias':>9} {'rms err':>8} {'seconds':>8}")
     print(header, flush=True)
-    for loss in args.losses.split(","):
-        for world in [int(w) for w in args.worlds.split(",")]:
-            for algorithm in args.algorithms.split(","):
-                for estimator in args.estimators.split(","):
+    for loss in args.losses:
+        for world in args.worlds:
+            for algorithm in args.algorithms:
+                for estimator in args.estimators:
                     started = time.perf_counter()
                     rows, count = run_cell(world, loss, algorithm, estimator, args.calls, args.chunks_per_block,
                                            args.budget, args.seed)

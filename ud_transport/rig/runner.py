@@ -28,6 +28,13 @@ PASSED_ENV = ("PATH", "HOME", "VIRTUAL_ENV", "PYTHONPATH", "PYENV_ROOT", "PYENV_
 _LOSS = re.compile(r"^\d+(\.\d+)?%$")
 
 
+def check_netem_loss(loss: str) -> str:
+    """`loss` when tc netem takes it as a loss rate ("10%", "0.5%"); ValueError otherwise."""
+    if not _LOSS.match(loss) or float(loss[:-1]) > 100:
+        raise ValueError(f"netem loss must look like '10%' or '0.5%' (at most 100%), not {loss!r}")
+    return loss
+
+
 def guest_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
     # project settings (UD_*) travel too, except the rig's own, which the guest sets
@@ -75,8 +82,8 @@ def run_detailed(
     """Run in guests and return one result per node (status, timings, failure reason)."""
     if nodes not in (1, 2):
         raise ValueError("nodes must be 1 or 2")
-    if netem_loss is not None and not _LOSS.match(netem_loss):
-        raise ValueError(f"netem loss must look like '10%' or '0.5%', not {netem_loss!r}")
+    if netem_loss is not None:
+        check_netem_loss(netem_loss)
     commands = [list(c) for c in node_commands] if node_commands else [list(argv or [])] * nodes
     if len(commands) != nodes or not all(commands):
         raise ValueError("give a command (argv) or one command per node")
