@@ -2,7 +2,9 @@
 session and uses real peers' addresses sends into a call, the call returns the exact result or
 raises a clean error that leaves the tensor unchanged — never a wrong value with status OK.
 
-Three ranks are threads of this process on loopback (direct allreduce, loss_budget 0). Each
+Three ranks are threads of this process on loopback (direct and ring allreduce, loss_budget 0; the
+ring is where a forged next-call CREDIT once let a reduce chunk overwrite a final value, finding 1
+of issue 10). Each
 example forges 1-12 datagrams into rank 0 during one call, with header fields drawn freely:
 kind, step, chunk, contributions, announced count, flags, phase, sequence, layout, reserved.
 Payloads are value-faithful: a DATA datagram carries the true values of the step and chunk it
@@ -44,7 +46,9 @@ def rank_input(rank):
 class Job:
     """Three communicators in threads, each with its own store client; calls run concurrently."""
 
-    def __init__(self):
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+        self.algorithm_code = getattr(_native, f"ALGORITHM_{algorithm.upper()}")
         master = dist.TCPStore("127.0.0.1", free_tcp_port(), is_master=True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=30))
         options = options_module.build(chunk_bytes=CHUNK_BYTES, store_timeout_s=30, join_timeout_s=5)
@@ -73,7 +77,7 @@ class Job:
         def one(rank):
             tensor = rank_input(rank).copy()
             try:
-                self.comms[rank].allreduce(tensor, loss_budget=0.0, deadline=2.0, algorithm="direct")
+                self.comms[rank].allreduce(tensor, loss_budget=0.0, deadline=2.0, algorithm=self.algorithm)
                 return tensor, None
             except ud_transport.TransportError as error:
                 return tensor, error
@@ -86,24 +90,28 @@ class Job:
         self.pool.shutdown()
 
 
-@pytest.fixture(scope="module")
-def job():
+@pytest.fixture(scope="module", params=["direct", "ring"])
+def job(request):
     if os.geteuid() != 0:
         skip_or_fail("forging a peer's source address needs a raw socket (root)")
-    job = Job()
+    job = Job(request.param)
     yield job
     job.close()
 
 
-def faithful_payload(sequence, step_index, chunk, source):
+def faithful_payload(job, sequence, step_index, chunk, source):
     """The true values rank 0's schedule expects in (step, chunk) of this call, or bytes of noise."""
-    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, _native.ALGORITHM_DIRECT, 0, WORLD, 0, sequence % WORLD)
+    _, steps = _native.schedule(_native.COLLECTIVE_ALLREDUCE, job.algorithm_code, 0, WORLD, 0, sequence % WORLD)
     if step_index >= len(steps) or steps[step_index]["recv_peer"] < 0:
         return np.random.default_rng(chunk).bytes(CHUNK_BYTES)
     block = steps[step_index]["recv_block"]
     start = _native.block_start(COUNT, WORLD, block) + chunk * CHUNK_ELEMENTS
     stop = min(start + CHUNK_ELEMENTS, _native.block_start(COUNT, WORLD, block + 1))
-    values = rank_input(source) if steps[step_index]["phase"] == 0 else EXACT
+    if steps[step_index]["phase"] == 0:  # the sender's input; in a ring, the partial sum it forwards at this step
+        contributors = step_index + 1 if job.algorithm == "ring" else 1
+        values = sum(rank_input((source - k) % WORLD) for k in range(contributors))
+    else:
+        values = EXACT
     return values[start:max(start, stop)].astype("<f4").tobytes() or bytes(4)
 
 
@@ -125,9 +133,9 @@ forgery = st.fixed_dictionaries({
 
 
 def encode(job, sequence, f):
-    layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm="direct")
+    layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm=job.algorithm)
     if f["payload"] == "faithful":
-        payload = faithful_payload(sequence, f["step"], f["chunk_index"], f["source"])
+        payload = faithful_payload(job, sequence, f["step"], f["chunk_index"], f["source"])
     elif f["payload"] == "short":
         payload = bytes(7)
     elif f["payload"] == "verdict":
