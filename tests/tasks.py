@@ -443,3 +443,27 @@ def call_dependent_allreduce(comm, count, call, algorithm=None):
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0, algorithm=algorithm)
     expected = support.rank_fill_sum(comm.world_size) + 1000 * call * comm.world_size
     return bool(np.all(tensor == expected)), stats
+
+
+
+def two_threads_on_one_communicator(comm, count, calls):
+    """Two threads of this rank call allreduce on the same communicator at once, `calls` each;
+    thread t's input is (rank + 1) * (t + 1) everywhere. Returns {sequence: (thread, the
+    result's distinct values)} for every call this rank made."""
+    import threading
+
+    outcomes, start = {}, threading.Barrier(2)
+
+    def run(thread):
+        start.wait()
+        for _ in range(calls):
+            tensor = np.full(count, (comm.rank + 1) * (thread + 1), dtype=np.float32)
+            stats = comm.allreduce(tensor, loss_budget=0.0, deadline=10.0)
+            outcomes[stats.sequence] = (thread, sorted(set(tensor.tolist())))
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes

@@ -177,6 +177,22 @@ def test_budget_of_ten_percent_holds_at_one_percent_loss(world):
     assert successes[0] >= 0.99 * calls, successes
 
 
+def test_two_threads_calling_one_communicator_are_serialised():
+    """Calls on one communicator from two threads take turns (the documented rule), so none
+    is lost or mixed with another: on every rank the calls have consecutive sequence numbers,
+    each is a whole call of the job (the same result on every rank, the sum of one thread's
+    tensor from each rank). Which thread's call pairs with which on the other rank is up to
+    the threads' order: a program that needs an order must impose it."""
+    world, calls = 2, 20
+    per_rank = get_cluster(world, chunk_bytes=CHUNK_BYTES).run(tasks.two_threads_on_one_communicator, 3000, calls)
+    sequences = sorted(per_rank[0])
+    assert len(sequences) == 2 * calls and sequences == list(range(sequences[0], sequences[0] + 2 * calls))
+    possible = {float(a + 2 * b) for a in (1, 2) for b in (1, 2)}  # rank 0 gives 1 or 2, rank 1 gives 2 or 4
+    for sequence in sequences:
+        results = [per_rank[rank][sequence][1] for rank in range(world)]
+        assert results[0] == results[1] and len(results[0]) == 1 and results[0][0] in possible, (sequence, results)
+
+
 def test_argument_errors_are_clear_and_send_nothing():
     cluster = get_cluster(2, chunk_bytes=CHUNK_BYTES)
     for error in cluster.run(tasks.argument_errors):
