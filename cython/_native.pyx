@@ -272,9 +272,11 @@ cdef class Engine:
             raise RuntimeError("cannot set the sequence number during a call")
 
     def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
-            int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s):
+            int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s,
+            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0):
         """Run one collective. Returns (status, stats dict, NativeError or None when
-        status is STATUS_OK). The output is written only when status is STATUS_OK."""
+        status is STATUS_OK). The output (and the chunk mask, if given: see
+        chunk_mask_bytes) is written only when status is STATUS_OK."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef udt_collective_args args
@@ -292,12 +294,23 @@ cdef class Engine:
         args.agree_value = agree_value
         args.loss_budget = loss_budget
         args.deadline_s = deadline_s
+        args.chunk_mask = <uint8_t *>chunk_mask
+        args.chunk_mask_bytes = chunk_mask_bytes
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
 
 
 # Pure helpers, exported so tests and the simulator check the C arithmetic itself.
+def chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
+                     uint32_t chunk_bytes):
+    """Bytes of the chunk mask a call can fill (0: none for this collective and algorithm):
+    reduce_scatter, world_size rows of this rank's shard's chunks (1: that rank's contribution
+    reached the chunk; direct schedule or two ranks); all_gather, broadcast, allreduce, one
+    per chunk of the tensor (1: fresh)."""
+    return udt_chunk_mask_bytes(collective, algorithm, count, dtype, rank, world_size, chunk_bytes)
+
+
 def block_start(uint64_t count, uint32_t world_size, uint32_t block):
     return udt_block_start(count, world_size, block)
 

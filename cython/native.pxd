@@ -176,6 +176,8 @@ cdef extern from "engine.h" nogil:
         uint32_t agree_value
         double loss_budget
         double deadline_s
+        uint8_t *chunk_mask
+        uint64_t chunk_mask_bytes
 
     struct udt_comm:
         pass
@@ -185,6 +187,8 @@ cdef extern from "engine.h" nogil:
     void udt_comm_destroy(udt_comm *comm)
     int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes)
     int udt_collective(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats)
+    uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank,
+                                  uint32_t world_size, uint32_t chunk_bytes)
     int udt_call_start(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats, uint64_t now_ns)
     int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)
     int udt_call_finish(udt_comm *comm, uint64_t now_ns)

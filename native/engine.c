@@ -894,8 +894,54 @@ static void write_gathered(struct call *c)
     }
 }
 
+uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
+                              uint32_t chunk_bytes)
+{
+    if (dtype < 0 || dtype >= UDT_DTYPE_COUNT)
+        return 0;
+    uint32_t element_bytes = (uint32_t)udt_wire_elem_bytes(dtype);
+    uint64_t chunk_elements = element_bytes ? chunk_bytes / element_bytes : 0;
+    if (!chunk_elements || !world_size || rank >= world_size)
+        return 0;
+    if (collective == UDT_REDUCE_SCATTER)
+        return algorithm == UDT_ALGORITHM_DIRECT || world_size <= 2
+                   ? (uint64_t)world_size * udt_chunks_for(udt_block_length(count, world_size, rank), chunk_elements) : 0;
+    if (collective == UDT_ALL_GATHER || collective == UDT_BROADCAST || collective == UDT_ALLREDUCE) {
+        uint64_t total = 0;
+        for (uint32_t b = 0; b < world_size; b++)
+            total += udt_chunks_for(udt_block_length(count, world_size, b), chunk_elements);
+        return total;
+    }
+    return 0;
+}
+
+/* The caller's chunk mask (see udt_collective_args): whose contributions reached this
+ * rank's shard, or which chunks of the output are fresh. */
+static void write_chunk_mask(struct call *c)
+{
+    uint8_t *mask = c->args.chunk_mask;
+    if (c->args.collective != UDT_REDUCE_SCATTER) {
+        for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
+            mask[id] = c->final_count[id] != 0;
+        return;
+    }
+    uint32_t block = c->schedule.owned_block, chunks = chunks_in_block(c, block);
+    memset(mask, 0, (size_t)c->n * chunks);
+    memset(mask + (size_t)c->rank * chunks, 1, chunks); /* our own contribution is always in */
+    for (uint32_t s = 0; s < c->schedule.steps; s++) {
+        const struct udt_step *step = &c->step[s];
+        if (step->recv_peer == UDT_NO_PEER || step->recv_mode != UDT_RECV_REDUCE || step->recv_block != block)
+            continue;
+        const uint8_t *bits = c->arrival_bits + (size_t)s * c->bitmap_bytes;
+        for (uint32_t k = 0; k < chunks; k++)
+            mask[(size_t)step->recv_peer * chunks + k] = (bits[k / 8] >> (k % 8)) & 1u;
+    }
+}
+
 int udt_write_output(struct call *c)
 {
+    if (c->args.chunk_mask)
+        write_chunk_mask(c);
     c->stats->chunks_stale = 0;
     if (gathers(c))
         for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
@@ -1030,6 +1076,12 @@ static int valid_args(const struct udt_comm *comm, const struct udt_collective_a
     uint64_t output_count = a->collective == UDT_REDUCE_SCATTER ? shard : a->count;
     if (a->collective != UDT_AGREE && ((input_count && !a->input) || (output_count && !a->output)))
         return 0;
+    if (a->chunk_mask) {
+        uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
+                                             comm->options.chunk_bytes);
+        if (!want || a->chunk_mask_bytes != want)
+            return 0;
+    }
     return 1;
 }
 

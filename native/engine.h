@@ -60,6 +60,14 @@ struct udt_collective_args {
     uint32_t agree_value;  /* combined by max over ranks; the result is in stats.agreed_value */
     double loss_budget;
     double deadline_s;
+    /* Optional (NULL: none), written on success only, one byte per entry:
+     *  reduce_scatter: world_size rows of this rank's shard's chunks; row p, chunk k is 1
+     *    when rank p's contribution to chunk k is in the result (direct schedule, or two
+     *    ranks: where each contribution travels alone and its arrival names its sender);
+     *  all_gather, broadcast, allreduce: every chunk of the tensor, 1 when fresh.
+     * chunk_mask_bytes must be exactly that size (udt_chunk_mask_bytes gives it). */
+    uint8_t *chunk_mask;
+    uint64_t chunk_mask_bytes;
 };
 
 struct udt_collective_stats {
@@ -121,6 +129,9 @@ uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
 
 /* Run one collective to the end. The output is written only on UDT_OK. */
 int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
+/* The size args->chunk_mask must have for this collective and tensor (0: no mask offered). */
+uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
+                              uint32_t chunk_bytes);
 
 /* Stepping interface. start returns UDT_OK or an error (then no call is
  * active). progress returns 0 when nothing happened (sleep until *wake_ns

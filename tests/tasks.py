@@ -467,3 +467,34 @@ def two_threads_on_one_communicator(comm, count, calls):
     for thread in threads:
         thread.join()
     return outcomes
+
+
+def default_algorithm(comm):
+    """The schedule a call with default options runs on this communicator."""
+    return comm.allreduce(np.ones(comm.world_size, dtype=np.float32), loss_budget=0.0).algorithm
+
+
+def chunk_masks_under_loss(comm, count, calls):
+    """Direct reduce_scatter (zero fill) and all_gather with chunk masks, `calls` times: per call
+    (reduce mask, shard, all_gather mask, gathered output, the output before, chunks_lost,
+    chunks_stale). Inputs: rank r gives (r + 1) * (1 + element index % 5)."""
+    base = (np.arange(count) % 5 + 1).astype(np.float32)
+    start, stop = comm.shard_range(count)
+    outcomes = []
+    for call in range(calls):
+        tensor = base * (comm.rank + 1)
+        shard = np.zeros(stop - start, dtype=np.float32)
+        reduce_mask = comm.chunk_mask("reduce_scatter", tensor, algorithm="direct")
+        reduced = comm.reduce_scatter(tensor, shard, loss_budget=1.0, algorithm="direct", estimator="zero_fill",
+                                      chunk_mask=reduce_mask)
+        before = np.full(count, -1.0 - call, dtype=np.float32)
+        output = before.copy()
+        gather_mask = comm.chunk_mask("all_gather", output, algorithm="direct")
+        gathered = comm.all_gather(shard, output, loss_budget=1.0, algorithm="direct", chunk_mask=gather_mask)
+        outcomes.append((reduce_mask, shard, gather_mask, output, before, reduced.chunks_lost, gathered.chunks_stale))
+    return outcomes
+
+
+def chunk_layout(comm, count):
+    """(this rank's shard's chunk ranges, every chunk's range) of a float32 tensor of `count`."""
+    return comm.chunk_ranges(count, "float32", block=comm.rank), comm.chunk_ranges(count, "float32")

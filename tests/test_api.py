@@ -165,3 +165,18 @@ def test_ops_and_estimators_are_enums_with_the_c_codes_and_strings_still_work(so
     with pytest.raises(ValueError, match="op must be one of"):
         solo.allreduce(values, op=dist.ReduceOp.MAX)
     assert np.array_equal(values, np.arange(6))
+
+
+def test_chunk_masks_are_checked_before_anything_is_sent(solo):
+    values = np.ones(1000, dtype=np.float32)
+    shard = np.zeros(1000, dtype=np.float32)
+    mask = solo.chunk_mask("reduce_scatter", values)
+    assert mask.shape == (1, len(solo.chunk_ranges(1000, "float32", block=0)))
+    solo.reduce_scatter(values, shard, chunk_mask=mask)
+    assert mask.all()  # a world of one: its own contribution is everything
+    for bad, error in ((np.zeros(mask.size + 1, dtype=np.uint8), ValueError), (mask.astype(np.int32), TypeError),
+                       (mask.tolist(), TypeError)):
+        with pytest.raises(error, match="chunk_mask"):
+            solo.reduce_scatter(values, shard, chunk_mask=bad)
+    with pytest.raises(ValueError, match="chunk masks are offered"):
+        solo.chunk_mask("allreduce", values)

@@ -193,6 +193,33 @@ def test_two_threads_calling_one_communicator_are_serialised():
         assert results[0] == results[1] and len(results[0]) == 1 and results[0][0] in possible, (sequence, results)
 
 
+def test_chunk_masks_name_what_arrived():
+    """A direct reduce_scatter's mask says whose contribution reached each chunk of the shard: with
+    zero fill the shard is exactly the sum of the contributions the mask marks, the own row is all
+    ones, and the misses are the chunks lost. An all_gather's mask marks every chunk that took the
+    owner's value; the others kept theirs."""
+    world, count, calls = 3, 1000, 8
+    cluster = get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(0.2, seed=23))
+    base = (np.arange(count) % 5 + 1).astype(np.float32)
+    missed_seen = stale_seen = 0
+    for rank, (outcomes, ranges) in enumerate(zip(cluster.run(tasks.chunk_masks_under_loss, count, calls),
+                                                 cluster.run(tasks.chunk_layout, count))):
+        own_ranges, all_ranges = ranges
+        start = own_ranges[0][0]
+        for reduce_mask, shard, gather_mask, output, before, lost, stale in outcomes:
+            assert reduce_mask.shape == (world, len(own_ranges)) and reduce_mask[rank].all()
+            assert int((reduce_mask == 0).sum()) == lost
+            for k, (first, stop) in enumerate(own_ranges):
+                want = sum((peer + 1) * base[first:stop] for peer in range(world) if reduce_mask[peer, k])
+                np.testing.assert_array_equal(shard[first - start:stop - start], want)
+            assert gather_mask.shape == (len(all_ranges),) and int((gather_mask == 0).sum()) == stale
+            for fresh, (first, stop) in zip(gather_mask, all_ranges):
+                assert np.array_equal(output[first:stop], before[first:stop]) != bool(fresh)
+            missed_seen += lost
+            stale_seen += stale
+    assert missed_seen > 0 and stale_seen > 0, "20% loss must miss some contributions and leave some chunks stale"
+
+
 def test_argument_errors_are_clear_and_send_nothing():
     cluster = get_cluster(2, chunk_bytes=CHUNK_BYTES)
     for error in cluster.run(tasks.argument_errors):

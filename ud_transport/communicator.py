@@ -10,7 +10,7 @@ from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .stats import CollectiveStats
-from .tensors import estimator_code, op_code, view_of
+from .tensors import DTYPE_CODES, ELEMENT_BYTES, estimator_code, op_code, view_of
 
 log = logging.getLogger("ud_transport")
 
@@ -198,6 +198,101 @@ class Communicator:
         rank = self.rank if rank is None else rank
         return (_native.block_start(count, self.world_size, rank), _native.block_start(count, self.world_size, rank + 1))
 
+    def chunk_elements(self, dtype):
+        """Elements of `dtype` one datagram carries: the size of every chunk but a block's last.
+
+        Parameters
+        ----------
+        dtype : str, numpy.dtype or torch.dtype
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        TypeError
+            A dtype the collectives do not take.
+
+        Examples
+        --------
+        >>> comm.chunk_elements("float32")  # 1472-byte payloads on an MTU 1500 path  # doctest: +SKIP
+        357
+        """
+        name = str(dtype).replace("torch.", "")
+        if name not in DTYPE_CODES:
+            raise TypeError(f"unsupported dtype {dtype!r}: one of {', '.join(DTYPE_CODES)}")
+        return self.chunk_bytes // ELEMENT_BYTES[name]
+
+    def chunk_ranges(self, count, dtype, block=None):
+        """The ``[start, stop)`` element range of every chunk of a `count`-element tensor, block by
+        block (block b is rank b's shard), in the order of a chunk mask's entries.
+
+        Parameters
+        ----------
+        count : int
+        dtype : str, numpy.dtype or torch.dtype
+        block : int, optional
+            Only this block's chunks (a reduce_scatter mask's row); None: every block.
+
+        Returns
+        -------
+        list of (int, int)
+
+        Examples
+        --------
+        >>> for (start, stop), fresh in zip(comm.chunk_ranges(n, "float32"), mask):  # doctest: +SKIP
+        ...     pass
+        """
+        step = self.chunk_elements(dtype)
+        blocks = range(self.world_size) if block is None else [block]
+        ranges = []
+        for b in blocks:
+            start, stop = self.shard_range(count, b)
+            ranges += [(first, min(first + step, stop)) for first in range(start, stop, step)]
+        return ranges
+
+    def chunk_mask(self, collective, tensor, *, algorithm=None):
+        """A zeroed mask for the `chunk_mask` argument of one call, of the shape that call fills.
+
+        Parameters
+        ----------
+        collective : {"reduce_scatter", "all_gather"}
+        tensor : numpy.ndarray or torch.Tensor
+            The full tensor of the call (reduce_scatter's input, all_gather's output).
+        algorithm : {"ring", "direct", "auto"}, optional
+            The call's algorithm (None: the default, as the call resolves it).
+
+        Returns
+        -------
+        numpy.ndarray of uint8
+            reduce_scatter: (world_size, chunks of this rank's shard); all_gather: (chunks of the tensor,).
+
+        Raises
+        ------
+        ValueError
+            No mask for this collective and algorithm (a ring reduce_scatter of more than two
+            ranks sums contributions on the way, so a chunk's arrival does not name them).
+
+        Examples
+        --------
+        >>> mask = comm.chunk_mask("reduce_scatter", grad, algorithm="direct")  # doctest: +SKIP
+        """
+        import numpy as np
+
+        codes = {"reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER, "all_gather": _native.COLLECTIVE_ALL_GATHER}
+        if collective not in codes:
+            raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
+        view = view_of(tensor)
+        algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
+        size = _native.chunk_mask_bytes(codes[collective], algorithms.CODES[algorithm_name], view.count, view.dtype_code,
+                                        self.rank, self.world_size, self.chunk_bytes)
+        if size == 0 and view.count:
+            raise ValueError(f"no chunk mask for a {algorithm_name} {collective} of {self.world_size} ranks: "
+                             "use algorithm='direct'")
+        return np.zeros((self.world_size, size // self.world_size) if collective == "reduce_scatter" else size,
+                        dtype=np.uint8)
+
     @_documented
     def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
         """Reduce `tensor` across ranks, in place.
@@ -230,7 +325,8 @@ class Communicator:
                          deadline=deadline, estimator=estimator, algorithm=algorithm)
 
     @_documented
-    def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
+    def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,
+                       chunk_mask=None):
         """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
 
         Each chunk of the shard is scaled by N / the contributions that reached it (unbiased).
@@ -244,6 +340,11 @@ class Communicator:
             This rank's shard, ``shard_range(tensor's count)`` long, of the same dtype.
         op : {"sum", "mean", "avg"}, ReduceOp or torch.distributed.ReduceOp, default "sum"
         estimator : {"unbiased", "zero_fill"} or Estimator, optional
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("reduce_scatter", tensor)``: on success, row p says which chunks of
+            this rank's shard rank p's contribution reached (1) or missed (0). Offered where each
+            contribution travels alone (``algorithm="direct"``, or two ranks); error feedback
+            uses it (a sender keeps what missed and adds it to its next call).
         {call_parameters}
 
         {call_raises}
@@ -257,10 +358,10 @@ class Communicator:
         start, stop = self.shard_range(source.count)
         self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
         return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask)
 
     @_documented
-    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None):
+    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None):
         """Gather every rank's shard into `output`, the full tensor.
 
         Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
@@ -273,6 +374,9 @@ class Communicator:
             This rank's shard.
         output : numpy.ndarray or torch.Tensor
             The full tensor, the same dtype; its old values are what a lost chunk leaves.
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("all_gather", output)``: on success, 1 for every chunk of `output`
+            that is fresh, 0 where it kept its old value (``chunk_ranges`` maps chunks to elements).
         {call_parameters}
 
         {call_raises}
@@ -285,7 +389,7 @@ class Communicator:
         start, stop = self.shard_range(target.count)
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm)
+                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask)
 
     @_documented
     def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None):
@@ -349,6 +453,22 @@ class Communicator:
                           deadline=deadline if deadline is not None else self.options.deadline_cap_s)
         return type(value)(stats.agreed_value) if isinstance(value, bool) else stats.agreed_value
 
+    def _mask_buffer(self, chunk_mask, collective, algorithm_name, count, dtype_code):
+        """(address, bytes) of a caller's chunk mask checked against what the call fills; (0, 0) for none."""
+        if chunk_mask is None:
+            return 0, 0
+        import numpy as np
+
+        if not isinstance(chunk_mask, np.ndarray) or chunk_mask.dtype != np.uint8 or not chunk_mask.flags.c_contiguous \
+                or not chunk_mask.flags.writeable:
+            raise TypeError("chunk_mask must be a writable, contiguous numpy uint8 array (see Communicator.chunk_mask)")
+        want = _native.chunk_mask_bytes(collective, algorithms.CODES[algorithm_name], count, dtype_code, self.rank,
+                                        self.world_size, self.chunk_bytes)
+        if chunk_mask.nbytes != want:
+            raise ValueError(f"chunk_mask has {chunk_mask.nbytes} bytes; this call fills {want}"
+                             + ("" if want else f" (none for a {algorithm_name} schedule here: use algorithm='direct')"))
+        return chunk_mask.ctypes.data, want
+
     @staticmethod
     def _check_pair(full, part, part_count, part_name, description):
         if part.dtype_code != full.dtype_code:
@@ -357,7 +477,7 @@ class Communicator:
             raise ValueError(f"{part_name} has {part.count} elements; {description} has {part_count}")
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
-             algorithm=None, root=0, agree_value=0):
+             algorithm=None, root=0, agree_value=0, chunk_mask=None):
         op_value = op_code(op)
         estimator_value = estimator_code(estimator or self.options.estimator)
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
@@ -366,6 +486,8 @@ class Communicator:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         deadline_s = _seconds(deadline)
         nbytes = target.nbytes if target is not None else 0
+        mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, algorithm_name, count,
+                                                     target.dtype_code if target else 0)
         with self._lock:
             if self._engine is None:
                 raise TransportError("communicator is closed")
@@ -374,7 +496,7 @@ class Communicator:
             status, raw, native_error = self._engine.run(
                 collective, algorithms.CODES[algorithm_name], source.address if source else 0,
                 target.address if target else 0, count, target.dtype_code if target else 0, op_value, estimator_value,
-                root, agree_value, budget, deadline_s)
+                root, agree_value, budget, deadline_s, mask_address, mask_bytes)
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:
