@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The optional RDMA extension: libibverbs bindings in pyverbs style (one file per verbs
-object) and the verbs UD transport. setup.py builds it only where <infiniband/verbs.h> is
+"""The optional RDMA extension: what ud_transport calls of libibverbs (device discovery and
+queries, the choice of device, port and GID; verbs errors as values, pyverbs style) and the
+verbs UD transport. setup.py builds it only where <infiniband/verbs.h> is
 found; ud_transport imports it lazily (ud_transport/verbs_extension.py), so UDP works
 without it. Its transports run on the engine in ud_transport._native via
 VerbsTransport.detach() -> _native.Transport.adopt()."""
@@ -20,9 +21,4 @@ def verbs_active_device_count():
 
 include "verbs_base.pxi"
 include "verbs_device.pxi"
-include "verbs_pd.pxi"
-include "verbs_mr.pxi"
-include "verbs_cq.pxi"
-include "verbs_ah.pxi"
-include "verbs_qp.pxi"
 include "verbs_transport.pxi"

@@ -41,9 +41,9 @@ def device_names():
         ibv_free_device_list(devices)
 
 
-@cython.no_gc_clear
-cdef class Context(VerbsObject):
-    """An open RDMA device (ibv_context). Context() opens the first device."""
+cdef class Context:
+    """An open RDMA device (ibv_context) for queries. Context() opens the first device;
+    close() is idempotent, `with` closes, and a closed Context refuses queries."""
     cdef ibv_context *context
     cdef readonly str name
 
@@ -71,14 +71,24 @@ cdef class Context(VerbsObject):
         finally:
             ibv_free_device_list(devices)
 
-    cdef bint _is_open(self):
-        return self.context is not NULL
+    @property
+    def closed(self):
+        return self.context is NULL
+
+    def _check_open(self):
+        if self.context is NULL:
+            raise ValueError("Context is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def close(self):
-        """Close every PD, CQ and channel of this device, then the device."""
+        """Close the device."""
         if self.context is NULL:
             return
-        self._close_children()
         rc = ibv_close_device(self.context)
         self.context = NULL
         if rc:

@@ -1,8 +1,5 @@
-# The verbs UD transport (native/transport_verbs.c), handed to an engine with detach(),
-# plus what tests and the benchmark need to drive it directly: peers, single datagrams,
-# and a point-to-point datagram stream whose loops run in C without the GIL.
-from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport malloc, free
+# The verbs UD transport (native/transport_verbs.c), handed to an engine with detach(), or
+# driven directly (peers, single datagrams) by tests and by whoever wants raw UD datagrams.
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 import struct as _struct
@@ -42,7 +39,7 @@ cdef void _destroy_unadopted(object capsule) noexcept:
 cdef class VerbsTransport:
     """One rank's UD QP. Open it with VerbsTransport.open(); hand it to an engine with
     _native.Transport.adopt(transport.detach()), or drive it with set_peers / send /
-    receive / stream_* (tests, benchmark)."""
+    receive."""
     cdef udt_transport *ptr
     cdef readonly str device
     cdef readonly int port, gid_index
@@ -151,101 +148,3 @@ cdef class VerbsTransport:
             with nogil:
                 udt_transport_wait(self.ptr, <int>(min(left, 0.1) * 1e6))
         return [(items[i].peer, items[i].data[:items[i].bytes]) for i in range(got)]
-
-    def stream_send(self, uint32_t peer, uint64_t count, uint32_t datagram_bytes, uint64_t session_id,
-                    uint32_t first_index=0):
-        """Send `count` DATA datagrams of `datagram_bytes` (header included) to a peer as
-        fast as the send ring allows, chunk_index numbering them from first_index. Returns
-        {sent, seconds, ring_full_waits}."""
-        cdef udt_send_item items[32]
-        cdef uint8_t headers[32][44]
-        cdef udt_wire_header h
-        cdef uint8_t *payload
-        cdef uint64_t sent = 0, full_waits = 0
-        cdef int n, i, rc = 0
-        cdef double start, elapsed
-        self._check_open()
-        if datagram_bytes < UDT_WIRE_HEADER_BYTES or datagram_bytes > self.ptr.max_datagram_bytes:
-            raise ValueError(f"datagram_bytes must be between {UDT_WIRE_HEADER_BYTES} and {self.ptr.max_datagram_bytes}")
-        payload = <uint8_t *>malloc(datagram_bytes)
-        if payload is NULL:
-            raise MemoryError()
-        memset(payload, 0xA5, datagram_bytes)
-        memset(&h, 0, sizeof(h))
-        h.magic = UDT_WIRE_MAGIC
-        h.version = UDT_WIRE_VERSION
-        h.kind = UDT_KIND_DATA
-        h.session_id = session_id
-        h.contributions = 1
-        h.reserved = 0
-        h.payload_bytes = datagram_bytes - UDT_WIRE_HEADER_BYTES
-        try:
-            with nogil:
-                start = _seconds()
-                while sent < count:
-                    n = <int>(count - sent if count - sent < 32 else 32)
-                    for i in range(n):
-                        h.chunk_index = first_index + <uint32_t>(sent + i)
-                        udt_wire_encode(&h, headers[i])
-                        items[i].peer = peer
-                        items[i].header = headers[i]
-                        items[i].header_bytes = UDT_WIRE_HEADER_BYTES
-                        items[i].payload = payload
-                        items[i].payload_bytes = datagram_bytes - UDT_WIRE_HEADER_BYTES
-                    rc = udt_transport_send(self.ptr, items, n)
-                    if rc < 0:
-                        break
-                    if rc < n:
-                        full_waits += 1
-                        udt_transport_wait(self.ptr, 1000)
-                    sent += <uint64_t>rc
-                elapsed = _seconds() - start
-        finally:
-            free(payload)
-        if rc < 0:
-            raise error_from_native(&self.ptr.error)
-        return {"sent": sent, "seconds": elapsed, "ring_full_waits": full_waits}
-
-    def stream_receive(self, uint64_t count, uint64_t session_id, double first_timeout=30.0, double idle_timeout=1.0):
-        """Receive a stream_send stream until `count` arrived or nothing came for
-        idle_timeout seconds. Returns {received, foreign, invalid, seconds (first to last),
-        max_index, out_of_order}."""
-        cdef udt_recv_item items[64]
-        cdef udt_wire_header h
-        cdef uint64_t received = 0, foreign = 0, invalid = 0, out_of_order = 0
-        cdef int64_t last_index = -1
-        cdef int got = 0, i
-        cdef double first = 0, last = 0, now, started
-        self._check_open()
-        with nogil:
-            started = _seconds()
-            while received < count:
-                got = udt_transport_recv(self.ptr, items, 64)
-                if got < 0:
-                    break
-                now = _seconds()
-                for i in range(got):
-                    if udt_wire_decode(items[i].data, items[i].bytes, &h) != 0 or \
-                            items[i].bytes != UDT_WIRE_HEADER_BYTES + h.payload_bytes:
-                        invalid += 1
-                    elif h.magic != UDT_WIRE_MAGIC or h.session_id != session_id or items[i].peer < 0:
-                        foreign += 1
-                    else:
-                        if received == 0:
-                            first = now
-                        last = now
-                        received += 1
-                        if <int64_t>h.chunk_index < last_index:
-                            out_of_order += 1
-                        else:
-                            last_index = h.chunk_index
-                if got == 0:
-                    if received == 0 and now - started > first_timeout:
-                        break
-                    if received > 0 and now - last > idle_timeout:
-                        break
-                    udt_transport_wait(self.ptr, 10000)
-        if got < 0:
-            raise error_from_native(&self.ptr.error)
-        return {"received": received, "foreign": foreign, "invalid": invalid, "seconds": last - first,
-                "max_index": last_index, "out_of_order": out_of_order}

@@ -30,7 +30,7 @@ def test_sdist_and_wheel_build_and_the_installed_wheel_runs_the_demo(tmp_path):
     names = tarfile.open(sdist).getnames()
     prefix = names[0].split("/")[0]
     for needed in ["native/engine.h", "native/wire.h", "cython/_native.pyx", "cython/native.pxd", "cython/simulator.pxi",
-                   "cython/transport_io.pxd", "cython/_verbs.pyx", "cython/verbs_native.pxd", "cython/verbs_qp.pxi",
+                   "cython/transport_io.pxd", "cython/_verbs.pyx", "cython/verbs_native.pxd", "cython/verbs_device.pxi",
                    "native/transport_verbs.c", "native/transport_verbs.h", "native/verbs_probe.c",
                    "ud_transport/py.typed", "ud_transport/_native.pyi", "ud_transport/_verbs.pyi",
                    "ud_transport/torch/backend.py", "setup.py"]:

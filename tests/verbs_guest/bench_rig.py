@@ -1,5 +1,6 @@
 """Benchmark on the rig's rxe device, in one guest run: perftest's ib_send_bw -c UD (the rig's
-physical limit), ud_transport's point-to-point datagram stream, and its allreduce busbw.
+physical limit), ud_transport's point-to-point datagram stream (the verbs transport driven by the
+C program verbs_stream.c, compiled here; needs cc and libibverbs-dev), and its allreduce busbw.
 
     python -m ud_transport.rig run --timeout 900 -- python tests/verbs_guest/bench_rig.py
 
@@ -7,7 +8,8 @@ Prints a Markdown table (see ud_transport/rig/VERBS_NOTES.md). TCG speed is not 
 compare the rows with each other, not with hardware.
 """
 import argparse
-import multiprocessing
+import json
+import os
 import re
 import statistics
 import subprocess
@@ -21,6 +23,9 @@ from ranks import run_ranks  # a script: its own directory is sys.path[0]
 from ud_transport import _verbs as verbs
 
 SESSION = 0x5EED
+QKEY = 0x77
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STREAM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verbs_stream.c")
 
 
 def perftest(size, iterations):
@@ -43,32 +48,38 @@ def perftest(size, iterations):
     return rows[0], " ".join(common) + " [127.0.0.1]"
 
 
-def _stream_receiver(connection, count, recv_depth):
-    endpoint = verbs.choose_endpoint()
-    transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77,
-                                           recv_depth=recv_depth)
-    connection.send(transport.address)
-    sender = connection.recv()
-    transport.set_peers([sender, transport.address])
-    connection.send("ready")
-    connection.send(transport.stream_receive(count, SESSION, 60.0, 2.0))
+def build_stream(directory):
+    """Compile verbs_stream.c with the library's verbs transport (native/transport_verbs.c)."""
+    binary = os.path.join(directory, "verbs_stream")
+    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-I", os.path.join(ROOT, "native"), STREAM_SOURCE,
+                    os.path.join(ROOT, "native", "transport_verbs.c"), "-libverbs", "-o", binary], check=True)
+    return binary
 
 
-def stream(count, size, recv_depth=16384):
-    """ud_transport's datagram stream (native loops, GIL released) between two processes."""
+def stream(binary, count, size, recv_depth=16384):
+    """ud_transport's verbs transport streaming datagrams from one process to another, both ends in
+    C (verbs_stream.c): (sender's {sent, seconds, ring_full_waits}, receiver's {received, seconds, ...})."""
     endpoint = verbs.choose_endpoint()
-    transport = verbs.VerbsTransport.open(endpoint["device"], endpoint["port"], endpoint["gid_index"], 0x77)
-    context = multiprocessing.get_context("fork")
-    parent, child = context.Pipe()
-    receiver = context.Process(target=_stream_receiver, args=(child, count, recv_depth))
-    receiver.start()
-    peer = parent.recv()
-    parent.send(transport.address)
-    transport.set_peers([transport.address, peer])
-    assert parent.recv() == "ready"
-    sent = transport.stream_send(1, count, size, SESSION)
-    received = parent.recv()
-    receiver.join()
+    common = [endpoint["device"], str(endpoint["port"]), str(endpoint["gid_index"]), str(QKEY), str(count), str(size),
+              str(SESSION)]
+    receiver = subprocess.Popen([binary, "recv", *common, str(recv_depth)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    sender = subprocess.Popen([binary, "send", *common], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        table = f"{sender.stdout.readline().strip()} {receiver.stdout.readline().strip()}\n"
+        receiver.stdin.write(table)
+        receiver.stdin.flush()
+        assert receiver.stdout.readline().strip() == "ready"
+        sender.stdin.write(table)
+        sender.stdin.flush()
+        sent = json.loads(sender.stdout.readline())
+        received = json.loads(receiver.stdout.readline())
+    finally:
+        for process in (sender, receiver):
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
     return sent, received
 
 
@@ -101,6 +112,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     arguments = parser.parse_args()
     print(f"device: {verbs.choose_endpoint()}", flush=True)
+    binary = build_stream(tempfile.mkdtemp())
 
     print("\n| what | size | messages | MB/s | messages/s | delivered |\n|---|---|---|---|---|---|")
     perf_rates, ours = [], []
@@ -108,7 +120,7 @@ def main():
         (mbps, rate), command = perftest(arguments.size, arguments.messages)
         perf_rates.append(rate)
         print(f"| ib_send_bw -c UD -x 1 | {arguments.size} | {arguments.messages} | {mbps:.1f} | {rate:,.0f} | |", flush=True)
-        sent, received = stream(arguments.messages, arguments.size)
+        sent, received = stream(binary, arguments.messages, arguments.size)
         send_rate = sent["sent"] / sent["seconds"]
         receive_rate = received["received"] / received["seconds"] if received["seconds"] > 0 else float("nan")
         ours.append(min(send_rate, receive_rate))
