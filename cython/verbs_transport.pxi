@@ -110,6 +110,9 @@ cdef class VerbsTransport:
     def set_peers(self, addresses):
         """The peer table (rank order): a list of addresses from VerbsTransport.address."""
         self._check_open()
+        for rank, address in enumerate(addresses):  # the C side reads exactly this many bytes per peer
+            if len(address) != UDT_VERBS_ADDRESS_BYTES:
+                raise ValueError(f"peer {rank}'s address has {len(address)} bytes, a verbs address {UDT_VERBS_ADDRESS_BYTES}")
         blob = b"".join(addresses)
         cdef const uint8_t *data = blob
         if udt_transport_set_peers(self.ptr, data, UDT_VERBS_ADDRESS_BYTES, len(addresses)) < 0:

@@ -98,4 +98,4 @@ def test_info_says_what_it_would_use_or_why_not():
 
 @pytest.mark.rig
 def test_bindings_in_the_softroce_guest():
-    rig_session.single_guest_run().check_file("guest_bindings.py", minimum_tests=17)
+    rig_session.single_guest_run().check_file("guest_bindings.py", minimum_tests=18)

@@ -181,6 +181,16 @@ def open_transports(endpoint, count, **kwargs):
             for _ in range(count)]
 
 
+def test_set_peers_refuses_an_address_of_the_wrong_size(endpoint):
+    """Finding 3 of issue 10 on verbs: the C side reads a fixed size per peer, so a short
+    address is refused before it is read past."""
+    first, second = open_transports(endpoint, 2)
+    good = [first.address, second.address]
+    with pytest.raises(ValueError, match="peer 1's address has"):
+        first.set_peers([good[0], good[1][:-1]])
+    first.set_peers(good)
+
+
 def test_transport_address_names_gid_qpn_and_qkey(endpoint):
     (transport,) = open_transports(endpoint, 1)
     fields = verbs.unpack_verbs_address(transport.address)
