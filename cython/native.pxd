@@ -74,6 +74,7 @@ cdef extern from "schedule.h" nogil:
         uint8_t phase
         uint32_t recv_needs_sent
         uint8_t recv_whole
+        uint16_t recv_contributions
 
     struct udt_schedule:
         uint32_t steps

@@ -399,9 +399,14 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
         return DROP_DUPLICATE;
     /* after the duplicate check: a chunk several senders add to (direct) may be full already
      * because a forged copy got in first; the real one is then a duplicate, not malformed */
+    /* a reduce chunk carries no more than the sender's partial can hold (one rank's input in a
+     * direct exchange) nor more than the ranks still missing here: believed, a forged count
+     * would make the chunk look complete and the real contributions be refused */
     uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
+    if (step->recv_mode == UDT_RECV_REDUCE && step->recv_contributions < most)
+        most = step->recv_contributions;
     if (h->contributions > most || h->credit <= c->state[h->step].received)
-        return DROP_INVALID; /* more contributions than ranks, or fewer chunks announced than already came */
+        return DROP_INVALID; /* more contributions than possible, or fewer chunks announced than already came */
     if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;

@@ -26,6 +26,7 @@ static struct udt_step *add_step(struct builder *b, uint8_t phase)
     s->recv_peer = UDT_NO_PEER;
     s->send_after = UDT_NO_STEP;
     s->phase = phase;
+    s->recv_contributions = (uint16_t)b->n;
     return s;
 }
 
@@ -52,6 +53,7 @@ static void ring_reduce(struct builder *b)
         struct udt_step *s = add_step(b, UDT_STEP_REDUCE);
         set_send(s, down, block(b, (int64_t)b->rank - g), g == 0 ? UDT_NO_STEP : (int32_t)b->next - 2);
         set_recv(s, up, block(b, (int64_t)b->rank - g - 1), UDT_RECV_REDUCE);
+        s->recv_contributions = (uint16_t)(g + 1); /* the partial upstream summed over g + 1 ranks */
     }
 }
 
@@ -76,6 +78,7 @@ static void direct_reduce(struct builder *b)
         struct udt_step *s = add_step(b, UDT_STEP_REDUCE);
         set_send(s, wrap((int64_t)b->rank + k, b->n), block(b, (int64_t)b->rank + k), UDT_NO_STEP);
         set_recv(s, wrap((int64_t)b->rank - k, b->n), block(b, b->rank), UDT_RECV_REDUCE);
+        s->recv_contributions = 1; /* the sender's own input, nothing else */
     }
 }
 

@@ -51,6 +51,10 @@ struct udt_step {
     /* The sender holds every chunk of recv_block, so it sends (and announces)
      * all of them; otherwise it relays what reached it. */
     uint8_t recv_whole;
+    /* The most contributions one chunk received in this step can carry: a ring's
+     * partial sum at reduce step g holds at most g + 1 ranks' inputs, a direct
+     * sender's piece exactly one; final values (gather) up to every rank's. */
+    uint16_t recv_contributions;
 };
 
 struct udt_schedule {

@@ -135,7 +135,9 @@ forgery = st.fixed_dictionaries({
 def encode(job, sequence, f):
     layout = wire_format.layout_tag(COUNT, "float32", 0, CHUNK_BYTES, algorithm=job.algorithm)
     if f["payload"] == "faithful":
-        payload = faithful_payload(job, sequence, f["step"], f["chunk_index"], f["source"])
+        # faithful to the call it names: one forged for the next call may wait in the socket
+        # until that call starts, whose schedule (rotated by sequence) expects other values
+        payload = faithful_payload(job, sequence + f["sequence_offset"], f["step"], f["chunk_index"], f["source"])
     elif f["payload"] == "short":
         payload = bytes(7)
     elif f["payload"] == "verdict":

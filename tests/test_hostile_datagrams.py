@@ -140,6 +140,9 @@ def forgeries(rank, algorithm, session, sequence, layout):
         (upstream, data(2, reserved=1), "dropped_invalid"),  # reserved must be 0
         (upstream, data(2, phase=wire_format.PHASE_GATHER), "dropped_invalid"),  # step 0 is in the reduce half
         (upstream, data(2, contributions=0), "dropped_invalid"),  # a payload that sums nobody
+        # at step 0 the sender's piece is its own input alone, in a ring and in a direct exchange;
+        # believed, a count of 2 made the chunk look complete and the last real piece be refused
+        (upstream, data(3, contributions=2), "dropped_invalid"),
         (upstream, data(2, kind=9), "dropped_invalid"),  # no such kind
         (upstream, data(2, credit=block_chunks + 1), "dropped_invalid"),  # more chunks announced than the block has
         (upstream, wire_format.header(kind=wire_format.KIND_AGREE, session_id=session, sequence=sequence,
