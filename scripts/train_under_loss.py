@@ -110,7 +110,9 @@ def run_arm(comm, arm, config):
     elif method == "two_stage":
         phase = udt.PhaseAwareBudget(stable_budget=1.0, critical_budget=0.0, communicator=comm) if arm.get("phase") else None
         optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase,
-                                              exact_gather=arm.get("exact_gather", False), deadline=config.get("deadline"))
+                                              exact_gather=arm.get("exact_gather", False), deadline=config.get("deadline"),
+                                              error_feedback=arm.get("feedback", False),
+                                              stale_fill="extrapolate" if arm.get("extrapolate") else "keep")
     else:
         optimizer = inner
     sync = None
@@ -191,6 +193,10 @@ def arms_for(quick):
              dict(name="two_stage 10% +sync", method="two_stage", loss="0.1", sync=True),
              dict(name="two_stage 10% +phase", method="two_stage", loss="0.1", phase=True),
              dict(name="two_stage 10% exact gather", method="two_stage", loss="0.1", exact_gather=True),
+             dict(name="two_stage 10% +feedback", method="two_stage", loss="0.1", feedback=True),
+             dict(name="two_stage 10% +extrapolate", method="two_stage", loss="0.1", extrapolate=True),
+             dict(name="two_stage 10% +feedback +extrapolate", method="two_stage", loss="0.1", feedback=True,
+                  extrapolate=True),
              dict(name="plain burst", method="plain", loss="burst"),
              dict(name="two_stage burst", method="two_stage", loss="burst"),
              dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True)]

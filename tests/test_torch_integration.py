@@ -70,6 +70,34 @@ def test_two_stage_every_rank_takes_the_same_branch_under_loss(policy):
     assert 0.8 < counters["mean_reduce_fraction"] < 1.0 and 0.8 < counters["mean_gather_fraction"] < 1.0, counters
 
 
+def test_error_feedback_delivers_every_gradient_late_never_twice():
+    """Error feedback's invariant at 10% loss: what the owners applied plus what the senders still
+    hold back (over N) is exactly the sum of every rank's gradients, so nothing is lost and nothing
+    counted twice. The rescaling step (the paper's) does not keep it: its negative control."""
+    world, steps = 4, 30
+    cluster = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=9))
+    pattern = 1.0 + torch.arange(300) % 7
+    applied_in_full = -sum((r + 1) for r in range(world)) / world * pattern * sum(s + 1 for s in range(steps))
+    per_rank = cluster.run(torch_tasks.feedback_conservation, steps, True)
+    held_back = sum(residual for _, residual, _ in per_rank) / world
+    assert sum(missed for _, _, missed in per_rank) > 0, "10% loss must make some pieces miss"
+    for rank, (parameters, _, _) in enumerate(per_rank):
+        torch.testing.assert_close(parameters - held_back, applied_in_full, rtol=1e-6, atol=1e-3, msg=f"rank {rank}")
+    rescaled = cluster.run(torch_tasks.feedback_conservation, steps, False)
+    assert not torch.allclose(rescaled[0][0], applied_in_full, rtol=1e-6, atol=1e-3)
+
+
+def test_extrapolated_stale_chunks_follow_a_steady_owner():
+    """Every owner moves its shard by the same amount each step: a chunk the all-gather lost,
+    filled with its old value plus the owner's last update, equals the owner's value; kept at its
+    old value (the paper's rule), it lags by one update."""
+    cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=13))
+    for distances in cluster.run(torch_tasks.extrapolated_replicas, 30, "extrapolate"):
+        assert max(distances[5:]) < 1e-4, distances
+    kept = cluster.run(torch_tasks.extrapolated_replicas, 30, "keep")
+    assert max(max(d) for d in kept) >= 0.1 * 0.9, kept  # one update of lr x gradient >= 0.1 behind
+
+
 def test_hook_skips_on_every_rank_together_under_loss():
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=7))
     per_rank = cluster.run(torch_tasks.hook_branches, tag(), 200, 0.1)

@@ -249,3 +249,39 @@ def phase_schedule(comm, norms):
         gradient[comm.rank] = norm * (1 + 0.01 * comm.rank)
         budgets.append(phase.budget(gradient))
     return budgets, phase.critical_fraction()
+
+
+def feedback_conservation(comm, steps, feedback):
+    """SGD (lr 1) through the two-stage step with an exact parameter all-gather, known gradients
+    ((rank + 1) * (1 + element % 7) * (step + 1)), under the cluster's loss. Returns the
+    parameters at the end, what this rank still holds back (error feedback's residual, or None),
+    and how many of its pieces missed an owner."""
+    parameter = torch.nn.Parameter(torch.zeros(300))
+    optimizer = udt.LossTolerantOptimizer(torch.optim.SGD([parameter], lr=1.0), communicator=comm, loss_budget=1.0,
+                                          exact_gather=True, error_feedback=feedback, deadline=10.0)
+    pattern = 1.0 + torch.arange(300) % 7
+    for step in range(steps):
+        parameter.grad = (comm.rank + 1) * pattern * (step + 1)
+        optimizer.step()
+    residual = optimizer.feedback.residual.clone() if feedback else None
+    missed = optimizer.feedback.missed_contributions if feedback else 0
+    return parameter.detach().clone(), residual, missed
+
+
+def extrapolated_replicas(comm, steps, stale_fill):
+    """SGD through the two-stage step, every rank the same constant gradient (so each owner moves
+    its shard by the same amount every step, and the rescaled reduce-scatter is exact). Returns,
+    per step from the third on, the largest distance of this replica from the owners' values."""
+    parameter = torch.nn.Parameter(torch.zeros(300))
+    optimizer = udt.LossTolerantOptimizer(torch.optim.SGD([parameter], lr=0.1), communicator=comm, loss_budget=1.0,
+                                          stale_fill=stale_fill, deadline=10.0)
+    gradient = 1.0 + torch.arange(300, dtype=torch.float32) % 5
+    distances = []
+    for step in range(steps):
+        parameter.grad = gradient.clone()
+        optimizer.step()
+        owners = torch.empty(300)
+        exact.all_gather(comm, optimizer.owner_values(), owners, deadline=10.0)
+        if step >= 2:
+            distances.append(float((parameter.detach() - owners).abs().max()))
+    return distances

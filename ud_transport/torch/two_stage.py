@@ -22,6 +22,7 @@ from .. import exact
 from ..errors import LossBudgetExceeded
 from . import policy
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
+from .chunk_repair import ErrorFeedback, Extrapolation
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -50,6 +51,14 @@ class LossTolerantOptimizer:
     exact_gather : bool, default False
         Make the parameter all-gather exact on every step (only gradients are lost; costs
         repeated all-gathers and agreement rounds when one is incomplete).
+    error_feedback : bool, default False
+        A gradient piece that misses its owner is kept by its sender and sent with the next
+        step's gradient instead of being rescaled away (the owner sums what arrived); costs an
+        exact all-gather of the owners' chunk masks per step. Needs the direct schedule (the
+        default above two ranks).
+    stale_fill : {"keep", "extrapolate"}, default "keep"
+        What a parameter chunk the all-gather lost holds: its old value (the seed paper's
+        rule), or its old value plus the owner's last update to it.
 
     Raises
     ------
@@ -65,9 +74,11 @@ class LossTolerantOptimizer:
     """
 
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
-                 algorithm=None, phase_budget=None, exact_gather=False):
+                 algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep"):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
+        if stale_fill not in ("keep", "extrapolate"):
+            raise ValueError(f"stale_fill must be 'keep' or 'extrapolate', got {stale_fill!r}")
         self.communicator = communicator_of(communicator)
         self.loss_budget = loss_budget
         self.on_budget_miss = policy.check(on_budget_miss)
@@ -94,6 +105,8 @@ class LossTolerantOptimizer:
         self.count = self._flat.numel()
         self.shard = self.communicator.shard_range(self.count)
         self._inner, self._pieces = self._shard_optimizer(type(optimizer))
+        self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm) if error_feedback else None
+        self.extrapolation = Extrapolation(self.communicator, self._flat, algorithm) if stale_fill == "extrapolate" else None
 
     def _shard_optimizer(self, optimizer_class):
         """The wrapped optimizer's class over this rank's shard: one piece
@@ -173,6 +186,8 @@ class LossTolerantOptimizer:
         comm = self.communicator
         grads = flatten_into([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params], self._grads)
         budget = self.phase_budget.budget(grads) if self.phase_budget is not None else self.loss_budget
+        if self.feedback is not None:
+            self.feedback.add_residual(grads)
         self.budgets.append(budget)
         self.counters.steps += 1
         start, stop = self.shard
@@ -182,11 +197,18 @@ class LossTolerantOptimizer:
             exact.allreduce(comm, grads, "mean", deadline=self.deadline)
             shard_grad.copy_(grads[start:stop])
             missed = False
+            if self.feedback is not None:
+                self.feedback.drop()
         else:
             raise_on_miss = self.on_budget_miss == policy.RAISE
             try:
-                stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
-                                            deadline=self.deadline, algorithm=self.algorithm)
+                if self.feedback is not None:
+                    stats = self.feedback.reduce_scatter(grads, shard_grad, loss_budget=budget if raise_on_miss else 1.0,
+                                                         deadline=self.deadline)
+                    self.feedback.settle(grads, deadline=self.deadline)
+                else:
+                    stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
+                                                deadline=self.deadline, algorithm=self.algorithm)
             except LossBudgetExceeded:
                 self.counters.raised += 1
                 raise
@@ -208,9 +230,16 @@ class LossTolerantOptimizer:
         flatten_into(self._params, self._flat)  # where a chunk does not arrive, it keeps this replica's value
         if budget == 0.0 or self.exact_gather:
             exact.all_gather(comm, own, self._flat, deadline=self.deadline)
+            if self.extrapolation is not None:
+                self.extrapolation.reset()
         else:
-            stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm)
+            before = self._flat.clone() if self.extrapolation is not None else None
+            mask = self.extrapolation.mask if self.extrapolation is not None else None
+            stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm,
+                                    chunk_mask=mask)
             self.counters.record(stats)
+            if self.extrapolation is not None:
+                self.extrapolation.apply(before, self._flat)
         unflatten_into(self._flat, self._params)
         return True
 
