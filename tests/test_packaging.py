@@ -5,6 +5,7 @@ source tree; the type stubs name exactly what the compiled modules export.
 (Without libibverbs: tests/test_without_libibverbs.py.)"""
 import ast
 import importlib
+import inspect
 import os
 import pathlib
 import subprocess
@@ -71,6 +72,46 @@ def test_type_stub_names_what_the_compiled_module_exports(module):
     exported = {name for name in dir(compiled) if not name.startswith("_")}
     assert stubbed - exported == set(), f"stub names what the module lacks: {sorted(stubbed - exported)}"
     assert exported - stubbed == set(), f"module exports what the stub lacks: {sorted(exported - stubbed)}"
+
+
+def stub_parameters(function):
+    """(name, has a default) of a stub's parameters, in order."""
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [False] * (len(positional) - len(arguments.defaults)) + [True] * len(arguments.defaults)
+    names = [(a.arg, d) for a, d in zip(positional, defaults)]
+    names += [(a.arg, d is not None) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
+    return [(name, default) for name, default in names if name not in ("self", "cls")]
+
+
+def compiled_parameters(function):
+    parameters = inspect.signature(function).parameters.values()
+    return [(p.name, p.default is not inspect.Parameter.empty) for p in parameters if p.name not in ("self", "cls")]
+
+
+@pytest.mark.parametrize("module", ["_native", "_verbs"])
+def test_type_stub_signatures_match_the_compiled_module(module):
+    """Every function and method the stub types takes the parameters the compiled one takes:
+    the same names in the same order, with a default exactly where the compiled one has one."""
+    if module == "_verbs" and verbs_extension.load() is None:
+        pytest.skip(verbs_extension.problem())
+    compiled = importlib.import_module(f"ud_transport.{module}")
+    stub = ast.parse((ROOT / "ud_transport" / f"{module}.pyi").read_text())
+    checked = 0
+    for node in stub.body:
+        owners = [(node.name, getattr(compiled, node.name), node.body)] if isinstance(node, ast.ClassDef) else []
+        functions = [(None, compiled, [node])] if isinstance(node, ast.FunctionDef) else owners
+        for owner_name, owner, body in functions:
+            for function in body:
+                if not isinstance(function, ast.FunctionDef) or function.name.startswith("__"):
+                    continue
+                target = getattr(owner, function.name)
+                if isinstance(target, property) or any(getattr(d, "id", "") == "property" for d in function.decorator_list):
+                    continue
+                where = f"{module}.{owner_name + '.' if owner_name else ''}{function.name}"
+                assert stub_parameters(function) == compiled_parameters(target), where
+                checked += 1
+    assert checked >= 10, f"only {checked} signatures compared"
 
 
 def test_an_isolated_build_from_the_registry_makes_the_same_wheel(tmp_path):
