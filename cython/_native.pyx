@@ -311,6 +311,13 @@ def chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, u
     return udt_chunk_mask_bytes(collective, algorithm, count, dtype, rank, world_size, chunk_bytes)
 
 
+def wire_element_bytes(int dtype):
+    """Bytes of one element of a dtype (a DTYPE_* code) in the caller's tensor and on the wire."""
+    if not 0 <= dtype < UDT_DTYPE_COUNT:
+        raise ValueError(f"no dtype with code {dtype}")
+    return udt_wire_elem_bytes(dtype)
+
+
 def block_start(uint64_t count, uint32_t world_size, uint32_t block):
     return udt_block_start(count, world_size, block)
 

@@ -95,6 +95,7 @@ cdef extern from "elementwise.h" nogil:
         UDT_FLOAT16
         UDT_BFLOAT16
         UDT_INT32
+        UDT_DTYPE_COUNT
 
 cdef extern from "engine.h" nogil:
     enum:
@@ -204,3 +205,4 @@ cdef extern from "elementwise.h" nogil:
     float udt_half_to_float(uint16_t bits)
     uint16_t udt_float_to_bfloat16(float value)
     float udt_bfloat16_to_float(uint16_t bits)
+    size_t udt_wire_elem_bytes(int dtype)

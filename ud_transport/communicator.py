@@ -10,7 +10,7 @@ from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .stats import CollectiveStats
-from .tensors import DTYPE_CODES, ELEMENT_BYTES, estimator_code, op_code, view_of
+from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
 log = logging.getLogger("ud_transport")
 
@@ -222,7 +222,7 @@ class Communicator:
         name = str(dtype).replace("torch.", "")
         if name not in DTYPE_CODES:
             raise TypeError(f"unsupported dtype {dtype!r}: one of {', '.join(DTYPE_CODES)}")
-        return self.chunk_bytes // ELEMENT_BYTES[name]
+        return self.chunk_bytes // _native.wire_element_bytes(DTYPE_CODES[name])
 
     def chunk_ranges(self, count, dtype, block=None):
         """The ``[start, stop)`` element range of every chunk of a `count`-element tensor, block by

@@ -57,7 +57,6 @@ DTYPE_CODES = {"float32": _native.DTYPE_FLOAT32, "float64": _native.DTYPE_FLOAT6
                "bfloat16": _native.DTYPE_BFLOAT16, "int32": _native.DTYPE_INT32}
 OP_CODES = {ReduceOp.SUM.value: _native.OP_SUM, ReduceOp.MEAN.value: _native.OP_MEAN, "avg": _native.OP_MEAN}
 ESTIMATOR_CODES = {Estimator.UNBIASED.value: _native.ESTIMATOR_UNBIASED, Estimator.ZERO_FILL.value: _native.ESTIMATOR_ZERO_FILL}
-ELEMENT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4}  # in the tensor and on the wire
 
 
 class TensorView:

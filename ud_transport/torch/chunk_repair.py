@@ -18,11 +18,11 @@ import torch
 from .. import exact
 
 
-def chunk_index_of_elements(comm, count, dtype):
-    """For every element of a `count`-element tensor, the index of its chunk in a gather mask
+def chunk_index_of_elements(comm, flat):
+    """For every element of `flat`, the index of its chunk in a gather mask
     (chunks block by block, as Communicator.chunk_ranges lists them)."""
-    index = torch.empty(count, dtype=torch.int64)
-    for chunk, (start, stop) in enumerate(comm.chunk_ranges(count, dtype)):
+    index = torch.empty(flat.numel(), dtype=torch.int64)
+    for chunk, (start, stop) in enumerate(comm.chunk_ranges(flat.numel(), flat.dtype)):
         index[start:stop] = chunk
     return index
 
@@ -30,16 +30,14 @@ def chunk_index_of_elements(comm, count, dtype):
 class ErrorFeedback:
     """Keeps this rank's contributions that missed their owners and adds them to the next step."""
 
-    def __init__(self, comm, flat, algorithm):
+    def __init__(self, comm, flat, algorithm, chunk_of_element):
         self.comm = comm
         self.algorithm = algorithm
-        dtype = str(flat.dtype).replace("torch.", "")
         self.residual = torch.zeros_like(flat)
         self.mask = comm.chunk_mask("reduce_scatter", flat, algorithm=algorithm)  # (senders, chunks of my shard)
-        rows = [len(comm.chunk_ranges(flat.numel(), dtype, block=owner)) for owner in range(comm.world_size)]
-        self.widest = max(rows)
-        self.rows = rows
-        self.chunk_of_element = chunk_index_of_elements(comm, flat.numel(), dtype)
+        self.rows = [len(comm.chunk_ranges(flat.numel(), flat.dtype, block=owner)) for owner in range(comm.world_size)]
+        self.widest = max(self.rows)
+        self.chunk_of_element = chunk_of_element
         self.missed_contributions = 0  # this rank's pieces that missed an owner and were sent again later
 
     def add_residual(self, grads):
@@ -73,11 +71,10 @@ class ErrorFeedback:
 class Extrapolation:
     """Fills a stale parameter chunk with its old value plus the owner's last update to it."""
 
-    def __init__(self, comm, flat, algorithm):
+    def __init__(self, comm, flat, algorithm, chunk_of_element):
         self.comm = comm
-        dtype = str(flat.dtype).replace("torch.", "")
         self.mask = comm.chunk_mask("all_gather", flat, algorithm=algorithm)
-        self.chunk_of_element = chunk_index_of_elements(comm, flat.numel(), dtype)
+        self.chunk_of_element = chunk_of_element
         self.last_update = torch.zeros_like(flat)
         self.fresh_before = torch.ones(flat.numel(), dtype=torch.bool)  # the last call's fresh elements
         self.extrapolated_chunks = 0

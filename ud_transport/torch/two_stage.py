@@ -22,7 +22,7 @@ from .. import exact
 from ..errors import LossBudgetExceeded
 from . import policy
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
-from .chunk_repair import ErrorFeedback, Extrapolation
+from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -105,8 +105,10 @@ class LossTolerantOptimizer:
         self.count = self._flat.numel()
         self.shard = self.communicator.shard_range(self.count)
         self._inner, self._pieces = self._shard_optimizer(type(optimizer))
-        self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm) if error_feedback else None
-        self.extrapolation = Extrapolation(self.communicator, self._flat, algorithm) if stale_fill == "extrapolate" else None
+        chunk_of_element = chunk_index_of_elements(self.communicator, self._flat) if error_feedback or stale_fill == "extrapolate" else None
+        self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm, chunk_of_element) if error_feedback else None
+        self.extrapolation = (Extrapolation(self.communicator, self._flat, algorithm, chunk_of_element)
+                              if stale_fill == "extrapolate" else None)
 
     def _shard_optimizer(self, optimizer_class):
         """The wrapped optimizer's class over this rank's shard: one piece
