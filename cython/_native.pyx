@@ -16,6 +16,7 @@ WIRE_MAGIC = UDT_WIRE_MAGIC
 WIRE_VERSION = UDT_WIRE_VERSION
 MAX_WORLD_SIZE = UDT_MAX_WORLD
 MAX_END_REPEATS = UDT_MAX_END_REPEATS
+MAX_COPIES = UDT_MAX_COPIES
 
 STATUS_OK = UDT_OK
 STATUS_LOSS_BUDGET = UDT_ERR_LOSS_BUDGET
@@ -273,7 +274,7 @@ cdef class Engine:
 
     def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
             int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s,
-            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0):
+            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1):
         """Run one collective. Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) is written only when status is STATUS_OK."""
@@ -296,6 +297,7 @@ cdef class Engine:
         args.deadline_s = deadline_s
         args.chunk_mask = <uint8_t *>chunk_mask
         args.chunk_mask_bytes = chunk_mask_bytes
+        args.copies = copies
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None

@@ -101,6 +101,7 @@ cdef extern from "engine.h" nogil:
     enum:
         UDT_MAX_WORLD
         UDT_MAX_END_REPEATS
+        UDT_MAX_COPIES
         UDT_OK
         UDT_ERR_LOSS_BUDGET
         UDT_ERR_PEER_TIMEOUT
@@ -139,6 +140,7 @@ cdef extern from "engine.h" nogil:
         uint64_t datagrams_received
         uint64_t dropped_stale
         uint64_t dropped_duplicate
+        uint64_t redundant_copies
         uint64_t dropped_foreign
         uint64_t dropped_invalid
         uint64_t dropped_early
@@ -180,6 +182,7 @@ cdef extern from "engine.h" nogil:
         double deadline_s
         uint8_t *chunk_mask
         uint64_t chunk_mask_bytes
+        uint32_t copies
 
     struct udt_comm:
         pass

@@ -151,6 +151,36 @@ static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t pe
     return rc; /* how many copies were queued (the socket may be full), or -errno */
 }
 
+static uint32_t copies_per_regrant(const struct call *c) { return c->window_chunks / 4 ? c->window_chunks / 4 : 1; }
+
+/* A quarter window's worth of redundant copies (args.copies) came from a peer
+ * since its last credit: they took room in our window without moving any
+ * position, so the same position is credited again, which gives the sender
+ * its window back (a credit covers a window beyond what it had sent). */
+static int regrant(struct call *c, uint64_t now)
+{
+    struct udt_comm *comm = comm_of(c);
+    if (!c->regrant_due)
+        return 0;
+    c->regrant_due = 0;
+    for (uint32_t p = 0; p < c->n; p++) {
+        struct peer_state *peer = &comm->peers[p];
+        if (p == c->rank || !peer->granted || peer->copies_since_grant < copies_per_regrant(c))
+            continue;
+        int rc = send_control(c, UDT_KIND_CREDIT, 0, p, peer->granted, 1);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) { /* the socket is full: try again on the next pass */
+            c->regrant_due = 1;
+            c->credits_dirty = 1;
+            continue;
+        }
+        peer->granted_at_ns = now;
+        peer->copies_since_grant = 0;
+    }
+    return 0;
+}
+
 /* Credits: walk the open receive steps in order and hand out the window,
  * step by step, to whoever sends each of them. A sender's credit is a
  * position (step * max_chunks + chunk) it may not reach. */
@@ -201,8 +231,9 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         }
         peer->granted = grant;
         peer->granted_at_ns = now;
+        peer->copies_since_grant = 0;
     }
-    return 0;
+    return regrant(c, now);
 }
 
 /* Chunks of a send step that will actually be sent. */
@@ -232,7 +263,7 @@ static int flush(struct call *c, struct send_batch *b)
         return sent;
     c->stats->datagrams_sent += (uint64_t)sent;
     for (int i = b->n - 1; i >= sent; i--) {
-        c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in chunk order */
+        c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in position order */
         comm_of(c)->peers[b->items[i].peer].chunks_queued--;
     }
     int taken = sent;
@@ -255,10 +286,13 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         state->send_announced = count_to_send(c, step);
         state->send_counted = 1;
     }
-    uint32_t chunk = state->sent_chunk;
-    for (; chunk < chunk_count && b->n < SEND_BATCH; chunk++) {
+    /* with copies, the step is sent `copies` times over: pass k sends position k * chunks + chunk */
+    uint32_t position = state->sent_chunk, passes_end = chunk_count * c->copies;
+    for (; position < passes_end && b->n < SEND_BATCH; position++) {
+        uint32_t chunk = position % chunk_count;
         /* a credit is a position, and covers at most a window beyond what we had sent
-         * when it came: a forged credit cannot make us overrun the receiver by more */
+         * when it came: a forged credit cannot make us overrun the receiver by more
+         * (a later copy's position was credited for the first; it counts against the window) */
         if (g * c->max_chunks + chunk >= peer->credit_limit || peer->chunks_queued >= peer->credit_base + c->window_chunks) {
             c->stats->credit_stalls++;
             break;
@@ -289,11 +323,11 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
                                                 .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
                                                 .payload_bytes = h.payload_bytes};
         b->step[b->n] = g;
-        b->chunk[b->n++] = chunk;
+        b->chunk[b->n++] = position;
         peer->chunks_queued++;
     }
-    state->sent_chunk = chunk;
-    return chunk >= chunk_count;
+    state->sent_chunk = position;
+    return position >= passes_end;
 }
 
 static void mark_sent(struct call *c, uint32_t g)
@@ -337,7 +371,7 @@ static int send_some(struct call *c)
         if ((rc = flush(c, &b)) < 0)
             return rc;
         progressed |= rc > 0;
-        if (state->sent_chunk < chunks_in_block(c, step->send_block))
+        if (state->sent_chunk < chunks_in_block(c, step->send_block) * c->copies)
             break; /* the socket is full */
         rc = send_control(c, UDT_KIND_END, g, (uint32_t)step->send_peer, 0, (int)comm->options.end_repeats);
         if (rc < 0)
@@ -364,6 +398,26 @@ enum admission {
     DROP_MISMATCH,
     DROP_QUIET, /* not counted: an old credit, an extra END copy */
 };
+
+/* Step g still has chunks to hand out once (its later copies aside). */
+static int first_pass_pending(const struct call *c, uint32_t g)
+{
+    return !c->state[g].send_done && c->state[g].sent_chunk < chunks_in_block(c, c->step[g].send_block);
+}
+
+/* Data for a block whose earlier send step has only copies left to send: the
+ * copies would read what this data overwrites, and holding the data back
+ * instead would hold up a collective for the sake of redundancy. The step
+ * sends no more copies (its END still goes out). */
+static void drop_remaining_copies(struct call *c, const struct udt_step *step)
+{
+    if (!step->recv_needs_sent)
+        return;
+    uint32_t g = step->recv_needs_sent - 1;
+    uint32_t passes_end = chunks_in_block(c, c->step[g].send_block) * c->copies;
+    if (!c->state[g].send_done && c->state[g].sent_chunk < passes_end)
+        c->state[g].sent_chunk = passes_end;
+}
 
 /* Decide what a DATA or END datagram is, changing nothing. */
 static enum admission admit_data(const struct call *c, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer)
@@ -407,7 +461,7 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
         most = step->recv_contributions;
     if (h->contributions > most || h->credit <= c->state[h->step].received)
         return DROP_INVALID; /* more contributions than possible, or fewer chunks announced than already came */
-    if (step->recv_needs_sent && !c->state[step->recv_needs_sent - 1].send_done)
+    if (step->recv_needs_sent && first_pass_pending(c, step->recv_needs_sent - 1))
         return DROP_EARLY; /* it would change a block we have not finished sending */
     return ADMIT;
 }
@@ -600,6 +654,30 @@ static int request_joins(struct call *c, struct udt_comm *comm, uint64_t now)
     return progressed;
 }
 
+/* A chunk we already hold, or one of a step we closed, from the sender the step
+ * expects. With args.copies > 1 these are the later copies and counted apart
+ * from drops; either way the sender is alive and in the step (the step's idle
+ * clock restarts: the copy of a chunk we lack may be next) and the copy took
+ * room in our window (see regrant). */
+static void note_copy(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t peer, uint64_t now,
+                      int step_open)
+{
+    if (c->copies > 1)
+        c->stats->redundant_copies++;
+    else if (step_open)
+        c->stats->dropped_duplicate++;
+    else
+        c->stats->dropped_stale++;
+    if (step_open)
+        c->state[h->step].last_arrival_ns = now;
+    udt_hear(c, comm, peer, now);
+    struct peer_state *p = &comm->peers[peer];
+    if (++p->copies_since_grant >= copies_per_regrant(c) && p->granted) {
+        c->regrant_due = 1;
+        c->credits_dirty = 1;
+    }
+}
+
 static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_recv_item *item, uint64_t now)
 {
     struct udt_collective_stats *st = c->stats;
@@ -637,8 +715,16 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
         break;
     case DROP_FOREIGN: st->dropped_foreign++; return;
     case DROP_INVALID: st->dropped_invalid++; return;
-    case DROP_STALE: st->dropped_stale++; return;
-    case DROP_DUPLICATE: st->dropped_duplicate++; return;
+    case DROP_STALE:
+        if (h.sequence != c->sequence || h.kind != UDT_KIND_DATA) {
+            st->dropped_stale++;
+            return;
+        }
+        note_copy(c, comm, &h, peer, now, 0); /* a well-formed chunk of a step we closed */
+        return;
+    case DROP_DUPLICATE:
+        note_copy(c, comm, &h, peer, now, 1);
+        return;
     case DROP_EARLY: st->dropped_early++; return;
     case DROP_MISMATCH:
         st->dropped_invalid++;
@@ -652,6 +738,7 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
         note_peer_step(c, comm, peer, h.step, now);
         return;
     }
+    drop_remaining_copies(c, &c->step[h.step]);
     accept_data(c, comm, &h, payload, peer, now);
 }
 
@@ -1060,6 +1147,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
         finalize_owned_block(c); /* a world of one: our block is final as it is */
     uint32_t window = comm->options.window_bytes / comm->options.chunk_bytes;
     c->window_chunks = window < 16 ? 16 : window;
+    c->copies = c->args.copies ? c->args.copies : 1;
     c->stats->steps = steps;
     c->stats->critical_path = (uint32_t)c->schedule.critical_path;
     return UDT_OK;
@@ -1080,6 +1168,8 @@ static int valid_args(const struct udt_comm *comm, const struct udt_collective_a
     uint64_t input_count = a->collective == UDT_ALL_GATHER ? shard : a->count;
     uint64_t output_count = a->collective == UDT_REDUCE_SCATTER ? shard : a->count;
     if (a->collective != UDT_AGREE && ((input_count && !a->input) || (output_count && !a->output)))
+        return 0;
+    if (a->copies > UDT_MAX_COPIES)
         return 0;
     if (a->chunk_mask) {
         uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
@@ -1133,6 +1223,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         c->heard_count += peer->heard && p != c->rank;
         peer->granted = 0;
         peer->granted_at_ns = 0;
+        peer->copies_since_grant = 0;
         peer->highest_step_seen = 0;
         peer->finished = 0;
         peer->verdict_attempts = 0;
@@ -1260,7 +1351,7 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     progressed |= got > 0;
     if (c->phase == PHASE_DATA) {
         progressed |= close_ready_steps(c, now);
-        if (c->recv_step < c->schedule.steps && (rc = grant_credits(c, now, 0)) < 0)
+        if (c->recv_step < c->schedule.steps ? (rc = grant_credits(c, now, 0)) < 0 : (rc = regrant(c, now)) < 0)
             return rc;
         if (c->recv_step >= c->schedule.steps && c->send_step >= c->schedule.steps) {
             udt_verdict_begin(c, comm, now);
@@ -1292,6 +1383,7 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     st->receive_overflow_drops = comm->transport->counter_receive_overflows - c->overflows_before;
     st->mismatched_rank = c->mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
+
     if (c->phase != PHASE_DONE) {
         c->phase = PHASE_IDLE;
         return fail(comm, UDT_ERR_TRANSPORT, "call abandoned before its verdict");

@@ -17,6 +17,7 @@
 
 #define UDT_MAX_WORLD 4096
 #define UDT_MAX_END_REPEATS 8 /* copies of an END marker one send batch holds */
+#define UDT_MAX_COPIES 4      /* copies of each data datagram a call may send */
 
 enum udt_status {
     UDT_OK = 0,
@@ -68,6 +69,10 @@ struct udt_collective_args {
      * chunk_mask_bytes must be exactly that size (udt_chunk_mask_bytes gives it). */
     uint8_t *chunk_mask;
     uint64_t chunk_mask_bytes;
+    /* Each data datagram goes out this many times (0 or 1: once), the copies after the
+     * whole step, so a chunk is lost only if every copy is: forward redundancy at
+     * `copies` times the bytes, never a retransmission. Receivers keep the first copy. */
+    uint32_t copies;
 };
 
 struct udt_collective_stats {
@@ -83,6 +88,7 @@ struct udt_collective_stats {
     uint64_t datagrams_received; /* valid data datagrams used */
     uint64_t dropped_stale;      /* for an earlier call or a step already closed */
     uint64_t dropped_duplicate;
+    uint64_t redundant_copies;   /* copies > 1: later copies of chunks already received (kept out of the drop counts) */
     uint64_t dropped_foreign;    /* wrong magic, version, session or source */
     uint64_t dropped_invalid;    /* truncated, out of range, inconsistent lengths */
     uint64_t dropped_early;      /* would have overwritten data not yet sent */

@@ -112,7 +112,8 @@ def run_arm(comm, arm, config):
         optimizer = udt.LossTolerantOptimizer(inner, communicator=comm, loss_budget=1.0, phase_budget=phase,
                                               exact_gather=arm.get("exact_gather", False), deadline=config.get("deadline"),
                                               error_feedback=arm.get("feedback", False),
-                                              stale_fill="extrapolate" if arm.get("extrapolate") else "keep")
+                                              stale_fill="extrapolate" if arm.get("extrapolate") else "keep",
+                                              copies=arm.get("copies", 1))
     else:
         optimizer = inner
     sync = None
@@ -198,8 +199,13 @@ def arms_for(quick):
              dict(name="two_stage 10% +feedback +extrapolate", method="two_stage", loss="0.1", feedback=True,
                   extrapolate=True),
              dict(name="plain burst", method="plain", loss="burst"),
+             dict(name="two_stage 10% x2", method="two_stage", loss="0.1", copies=2),
+             dict(name="two_stage 10% x3", method="two_stage", loss="0.1", copies=3),
+             dict(name="two_stage 1% x2", method="two_stage", loss="0.01", copies=2),
              dict(name="two_stage burst", method="two_stage", loss="burst"),
-             dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True)]
+             dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True),
+             dict(name="two_stage burst x2", method="two_stage", loss="burst", copies=2),
+             dict(name="two_stage burst +phase x2", method="two_stage", loss="burst", phase=True, copies=2)]
     return arms
 
 

@@ -233,6 +233,9 @@ def argument_errors(comm):
     expect(ValueError, lambda: comm.agree(2**32))
     expect(ValueError, lambda: comm.allreduce(data, algorithm="tree"))
     expect(TypeError, lambda: comm.allreduce(np.ones(4, dtype=">f4")))
+    for copies in (0, ud_transport._native.MAX_COPIES + 1, True, 1.5, "2"):
+        expect(ValueError, lambda: comm.allreduce(data, copies=copies))
+    expect(ValueError, lambda: comm.all_gather(data[start:stop].copy(), data, copies=0))
     if not np.all(data == 1):
         wrong.append("a refused call changed the tensor")
     # accepted spellings
@@ -498,3 +501,29 @@ def chunk_masks_under_loss(comm, count, calls):
 def chunk_layout(comm, count):
     """(this rank's shard's chunk ranges, every chunk's range) of a float32 tensor of `count`."""
     return comm.chunk_ranges(count, "float32", block=comm.rank), comm.chunk_ranges(count, "float32")
+
+
+def calls_with_copies(comm, collective, count, calls, copies, algorithm, deadline=10.0):
+    """`calls` collectives of integer-valued inputs, each datagram sent `copies` times; per call
+    (what the call left in its output as float64, the exact answer, stats)."""
+    rows = []
+    for call in range(calls):
+        values = [(np.arange(count) % 7 + rank + call).astype(np.float32) for rank in range(comm.world_size)]
+        mine = values[comm.rank]
+        start, stop = comm.shard_range(count)
+        common = dict(loss_budget=1.0, deadline=deadline, algorithm=algorithm, copies=copies)
+        if collective == "allreduce":
+            output, want = mine.copy(), sum(values)
+            stats = comm.allreduce(output, **common)
+        elif collective == "reduce_scatter":
+            output, want = np.zeros(stop - start, dtype=np.float32), sum(values)[start:stop]
+            stats = comm.reduce_scatter(mine, output, **common)
+        elif collective == "all_gather":
+            want = np.concatenate([values[r][slice(*comm.shard_range(count, r))] for r in range(comm.world_size)])
+            output = np.full(count, -1.0, dtype=np.float32)
+            stats = comm.all_gather(mine[start:stop].copy(), output, **common)
+        else:
+            output, want = mine.copy(), values[0]
+            stats = comm.broadcast(output, 0, **common)
+        rows.append((output.astype(np.float64), want.astype(np.float64), stats))
+    return rows

@@ -20,12 +20,14 @@ def tag():
 def test_at_no_loss_ddp_on_ud_the_hook_and_two_stage_equal_ddp_on_gloo(world):
     """20 AdamW steps from different random inits per rank: DDP on backend
     "ud", DDP on Gloo with the lossy hook over ud, and the two-stage step
-    reach the parameters DDP on Gloo reaches (1e-5), identical on all ranks."""
+    (the last two also with every datagram sent twice) reach the parameters
+    DDP on Gloo reaches (1e-5), identical on all ranks."""
     per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.four_ways_at_no_loss, tag())
     reference = per_rank[0]["gloo"]
     for rank, results in enumerate(per_rank):
         for way, parameters in results.items():
             torch.testing.assert_close(parameters, reference, rtol=0, atol=1e-5, msg=f"rank {rank} {way}")
+        assert len(results) == 6
     assert not torch.equal(reference, torch_tasks.flat_parameters(torch_tasks.small_model(0))), "training moved nothing"
 
 
@@ -190,3 +192,14 @@ def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_ran
     assert budgets[40:45] == [0.0] * 5, "the jump was not seen"
     assert budgets[-1] == 0.1, "the new level never became stable"
     assert 0 < fraction < 0.6
+
+
+def test_copies_out_of_range_are_refused_before_anything_is_sent():
+    import ud_transport.torch as udt
+
+    model = torch.nn.Linear(2, 2)
+    for bad in (0, ud_transport._native.MAX_COPIES + 1, True, 2.0):
+        with pytest.raises(ValueError, match="copies"):
+            udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), copies=bad)
+        with pytest.raises(ValueError, match="copies"):
+            udt.LossyHookState(None, copies=bad)

@@ -58,22 +58,24 @@ def four_ways_at_no_loss(comm, tag):
     results = {}
     with gloo_world(comm, f"four-{tag}"):
         ud_group = dist.new_group(backend="ud")
-        for way in ("gloo", "ud_backend", "hook"):
+        for way in ("gloo", "ud_backend", "hook", "hook copies=2"):
             model = small_model(seed=comm.rank)
             ddp = DDP(model, process_group=ud_group if way == "ud_backend" else None)
             optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-            if way == "hook":
-                state = udt.LossyHookState(comm, loss_budget=0.0)
+            if way.startswith("hook"):
+                state = udt.LossyHookState(comm, loss_budget=0.0, copies=2 if "copies" in way else None)
                 ddp.register_comm_hook(state, udt.lossy_allreduce_hook)
                 step = lambda: (state.step(optimizer), optimizer.zero_grad())
             else:
                 step = lambda: (optimizer.step(), optimizer.zero_grad())
             train(ddp, step, data)
             results[way] = flat_parameters(model)
-        model = small_model(seed=comm.rank)
-        optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm)
-        train(model, lambda: (optimizer.step(), optimizer.zero_grad()), data)
-        results["two_stage"] = flat_parameters(model)
+        for copies in (1, 2):
+            model = small_model(seed=comm.rank)
+            optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm,
+                                                  copies=copies)
+            train(model, lambda: (optimizer.step(), optimizer.zero_grad()), data)
+            results["two_stage" if copies == 1 else "two_stage copies=2"] = flat_parameters(model)
     return results
 
 

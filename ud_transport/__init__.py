@@ -110,10 +110,10 @@ def get_default():
     return _default
 
 
-def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None):
+def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None, copies=None):
     """Allreduce on the default communicator (see Communicator.allreduce)."""
     return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator,
-                                   algorithm=algorithm)
+                                   algorithm=algorithm, copies=copies)
 
 
 def reduce_scatter(tensor, output, loss_budget=None, **keywords):

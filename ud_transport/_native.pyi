@@ -7,6 +7,7 @@ WIRE_MAGIC: int
 WIRE_VERSION: int
 MAX_WORLD_SIZE: int
 MAX_END_REPEATS: int
+MAX_COPIES: int
 STATUS_OK: int
 STATUS_LOSS_BUDGET: int
 STATUS_PEER_TIMEOUT: int
@@ -89,7 +90,7 @@ class Engine:
     def run(self, collective: int, algorithm: int, input: int, output: int, count: int, dtype: int, op: int,
             estimator: int, root: int, agree_value: int, loss_budget: float,
             deadline_s: float, chunk_mask: int = ...,
-            chunk_mask_bytes: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
+            chunk_mask_bytes: int = ..., copies: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
     def close(self) -> None: ...
 
 def chunk_mask_bytes(collective: int, algorithm: int, count: int, dtype: int, rank: int, world_size: int,

@@ -9,6 +9,7 @@ from . import _native, algorithms, rendezvous, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
+from .options import check_copies
 from .stats import CollectiveStats
 from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
@@ -44,7 +45,12 @@ _CALL_PARAMETERS = """loss_budget : float in [0, 1], optional
             adapts: 4x what recent calls of this size took, between 1 s and
             ``Options.deadline_cap_s``.
         algorithm : {"auto", "ring", "direct"}, optional
-            The schedule; None takes ``Options.algorithm``. Every rank must pass the same."""
+            The schedule; None takes ``Options.algorithm``. Every rank must pass the same.
+        copies : int, optional
+            Times each data datagram is sent, 1 to 4 (None takes ``Options.copies``, 1): the
+            copies follow each step, so a chunk is lost only if every copy is (i.i.d. loss p
+            becomes p**copies) for copies times the bytes. Redundancy, not retransmission:
+            nothing waits for a loss to be noticed."""
 _CALL_RAISES = """Returns
         -------
         CollectiveStats
@@ -294,7 +300,7 @@ class Communicator:
                         dtype=np.uint8)
 
     @_documented
-    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None):
+    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None):
         """Reduce `tensor` across ranks, in place.
 
         Lost datagrams are not retransmitted: the result is an unbiased estimate. Each shard's
@@ -322,11 +328,11 @@ class Communicator:
         """
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies)
 
     @_documented
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,
-                       chunk_mask=None):
+                       chunk_mask=None, copies=None):
         """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
 
         Each chunk of the shard is scaled by N / the contributions that reached it (unbiased).
@@ -358,10 +364,10 @@ class Communicator:
         start, stop = self.shard_range(source.count)
         self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
         return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
 
     @_documented
-    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None):
+    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None):
         """Gather every rank's shard into `output`, the full tensor.
 
         Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
@@ -389,10 +395,10 @@ class Communicator:
         start, stop = self.shard_range(target.count)
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask)
+                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
 
     @_documented
-    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None):
+    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, copies=None):
         """Copy rank `src`'s tensor into every rank's, in place.
 
         Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
@@ -415,7 +421,7 @@ class Communicator:
             raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm)
+                         deadline=deadline, algorithm=algorithm, copies=copies)
 
     def agree(self, value, *, deadline=None):
         """The largest `value` over all ranks, the same on every rank.
@@ -477,8 +483,9 @@ class Communicator:
             raise ValueError(f"{part_name} has {part.count} elements; {description} has {part_count}")
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
-             algorithm=None, root=0, agree_value=0, chunk_mask=None):
+             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None):
         op_value = op_code(op)
+        copies = check_copies(self.options.copies if copies is None else copies)
         estimator_value = estimator_code(estimator or self.options.estimator)
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
         budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)
@@ -496,7 +503,7 @@ class Communicator:
             status, raw, native_error = self._engine.run(
                 collective, algorithms.CODES[algorithm_name], source.address if source else 0,
                 target.address if target else 0, count, target.dtype_code if target else 0, op_value, estimator_value,
-                root, agree_value, budget, deadline_s, mask_address, mask_bytes)
+                root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies)
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:

@@ -61,6 +61,9 @@ class Options:
     algorithm : {"auto", "ring", "direct"}, default "auto"
         The schedule of a call that passes None; "auto" takes direct above two ranks, ring at
         two. ``UD_ALGORITHM``.
+    copies : int, default 1
+        The ``copies`` of a call that passes None: each data datagram goes out this many times
+        (1 to ``_native.MAX_COPIES``), so a chunk is lost only if every copy is. ``UD_COPIES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
         up to 16x; JOIN requests up to 128x).
@@ -115,6 +118,7 @@ class Options:
     default_loss_budget: float = 0.1
     estimator: str = "unbiased"
     algorithm: str = "auto"
+    copies: int = 1
     agree_resend_us: int = 1000
     join_timeout_s: float = 300.0
     bind_address: str = ""
@@ -141,6 +145,7 @@ class Options:
             raise ValueError(f"join_timeout_s must be between 0.001 and 4e6 seconds, got {self.join_timeout_s!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        check_copies(self.copies)
         if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
@@ -151,6 +156,13 @@ class Options:
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000)}
+
+
+def check_copies(copies):
+    """`copies` if it is an integer from 1 to _native.MAX_COPIES, else ValueError."""
+    if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= _native.MAX_COPIES:
+        raise ValueError(f"copies must be an integer from 1 to {_native.MAX_COPIES}, got {copies!r}")
+    return copies
 
 
 def build(**overrides):

@@ -61,6 +61,8 @@ class CollectiveStats:
         Datagrams dropped as belonging to an earlier call or a step already closed.
     dropped_duplicate : int
         Datagrams dropped as copies of a chunk already received.
+    redundant_copies : int
+        With ``copies`` > 1: the later copies of chunks already received (expected, not drops).
     dropped_foreign : int
         Datagrams dropped for a wrong magic, version, session or source.
     dropped_invalid : int
@@ -129,6 +131,7 @@ class CollectiveStats:
     datagrams_received: int
     dropped_stale: int
     dropped_duplicate: int
+    redundant_copies: int
     dropped_foreign: int
     dropped_invalid: int
     dropped_early: int

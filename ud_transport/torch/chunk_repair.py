@@ -44,10 +44,11 @@ class ErrorFeedback:
         """The gradient to send: this step's plus what missed before."""
         grads += self.residual
 
-    def reduce_scatter(self, grads, shard, *, loss_budget, deadline):
+    def reduce_scatter(self, grads, shard, *, loss_budget, deadline, copies=1):
         """The lossy reduce-scatter with the owner's sum of what arrived (mean over all ranks)."""
         return self.comm.reduce_scatter(grads, shard, op="mean", loss_budget=loss_budget, deadline=deadline,
-                                        estimator="zero_fill", algorithm=self.algorithm, chunk_mask=self.mask)
+                                        estimator="zero_fill", algorithm=self.algorithm, chunk_mask=self.mask,
+                                        copies=copies)
 
     def settle(self, grads, *, deadline):
         """After the reduce-scatter: learn exactly which of this rank's pieces reached their owners

@@ -13,6 +13,7 @@ budget miss or an error is recorded and acted on in state.step(), after
 backward, where every rank takes the same branch (misses are judged on the
 fractions all ranks agreed on; errors are agreed verdicts too)."""
 from ..errors import LossBudgetExceeded, TransportError
+from ..options import check_copies
 from . import policy
 from ._common import communicator_of, worker_of
 
@@ -31,6 +32,9 @@ class LossyHookState:
     on_budget_miss : {"use", "skip", "raise"}, default "use"
         Acted on in ``step()``, the same on every rank.
     algorithm : {"auto", "ring", "direct"}, optional
+    copies : int, optional
+        Times each datagram is sent, 1 to 4; None takes the communicator's ``Options.copies``
+        (see ``Communicator.allreduce``).
 
     Raises
     ------
@@ -44,14 +48,18 @@ class LossyHookState:
     >>> loss.backward(); state.step(optimizer); optimizer.zero_grad()        # doctest: +SKIP
     """
 
-    def __init__(self, communicator=None, *, loss_budget=0.1, deadline=None, on_budget_miss=policy.USE, algorithm=None):
+    def __init__(self, communicator=None, *, loss_budget=0.1, deadline=None, on_budget_miss=policy.USE, algorithm=None,
+                 copies=None):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
+        if copies is not None:
+            check_copies(copies)
         self.communicator = communicator_of(communicator)
         self._worker = worker_of(communicator if communicator is not None else self.communicator)
         self.loss_budget = loss_budget
         self.deadline = deadline
         self.algorithm = algorithm
+        self.copies = copies
         self.on_budget_miss = policy.check(on_budget_miss)
         self.counters = policy.StepCounters()
         self.last_stats = None
@@ -62,7 +70,7 @@ class LossyHookState:
     def _allreduce(self, buffer):
         try:
             stats = self.communicator.allreduce(buffer, op="mean", loss_budget=1.0, deadline=self.deadline,
-                                                algorithm=self.algorithm)
+                                                algorithm=self.algorithm, copies=self.copies)
         except TransportError as error:  # the buffer keeps its values; step() acts on it
             self._error = self._error or error
             return

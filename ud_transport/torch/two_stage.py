@@ -20,6 +20,7 @@ import torch
 
 from .. import exact
 from ..errors import LossBudgetExceeded
+from ..options import check_copies
 from . import policy
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
 from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
@@ -59,6 +60,10 @@ class LossTolerantOptimizer:
     stale_fill : {"keep", "extrapolate"}, default "keep"
         What a parameter chunk the all-gather lost holds: its old value (the seed paper's
         rule), or its old value plus the owner's last update to it.
+    copies : int, default 1
+        Times each datagram of the step's lossy collectives is sent (1 to 4): a chunk is lost
+        only if every copy is, so i.i.d. loss p costs what loss p**copies would, for copies
+        times the bytes (see ``Communicator.allreduce``).
 
     Raises
     ------
@@ -74,11 +79,12 @@ class LossTolerantOptimizer:
     """
 
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
-                 algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep"):
+                 algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep", copies=1):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         if stale_fill not in ("keep", "extrapolate"):
             raise ValueError(f"stale_fill must be 'keep' or 'extrapolate', got {stale_fill!r}")
+        self.copies = check_copies(copies)
         self.communicator = communicator_of(communicator)
         self.loss_budget = loss_budget
         self.on_budget_miss = policy.check(on_budget_miss)
@@ -206,11 +212,11 @@ class LossTolerantOptimizer:
             try:
                 if self.feedback is not None:
                     stats = self.feedback.reduce_scatter(grads, shard_grad, loss_budget=budget if raise_on_miss else 1.0,
-                                                         deadline=self.deadline)
+                                                         deadline=self.deadline, copies=self.copies)
                     self.feedback.settle(grads, deadline=self.deadline)
                 else:
                     stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
-                                                deadline=self.deadline, algorithm=self.algorithm)
+                                                deadline=self.deadline, algorithm=self.algorithm, copies=self.copies)
             except LossBudgetExceeded:
                 self.counters.raised += 1
                 raise
@@ -238,7 +244,7 @@ class LossTolerantOptimizer:
             before = self._flat.clone() if self.extrapolation is not None else None
             mask = self.extrapolation.mask if self.extrapolation is not None else None
             stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm,
-                                    chunk_mask=mask)
+                                    chunk_mask=mask, copies=self.copies)
             self.counters.record(stats)
             if self.extrapolation is not None:
                 self.extrapolation.apply(before, self._flat)
