@@ -151,12 +151,20 @@ static int send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t pe
     return rc; /* how many copies were queued (the socket may be full), or -errno */
 }
 
-static uint32_t copies_per_regrant(const struct call *c) { return c->window_chunks / 4 ? c->window_chunks / 4 : 1; }
+/* A lost credit stalls its sender until the next refresh (credit_refresh_us), and
+ * at 1% loss that was most of a call's tail; two copies of a header-only datagram
+ * make it 1e-4. Measured: loopback, 2 ranks, 64 MiB, 1% real loss, four runs each,
+ * p99 / p50 1.24-1.39 against 1.46-1.54 with one copy. */
+#define CREDIT_COPIES 2
 
-/* A quarter window's worth of redundant copies (args.copies) came from a peer
- * since its last credit: they took room in our window without moving any
- * position, so the same position is credited again, which gives the sender
- * its window back (a credit covers a window beyond what it had sent). */
+static uint32_t arrivals_per_regrant(const struct call *c) { return c->window_chunks / 4 ? c->window_chunks / 4 : 1; }
+
+/* A quarter window of data came from a peer since our last credit to it, and no
+ * credit went out for it: the arrivals took room in our window without moving
+ * the position we grant (copies of chunks we hold, args.copies; or the last
+ * chunks of a step, which close it and leave nothing to grant while the sender
+ * still has copies to send). The same position is credited again, which gives
+ * the sender its window back (a credit covers a window beyond what it had sent). */
 static int regrant(struct call *c, uint64_t now)
 {
     struct udt_comm *comm = comm_of(c);
@@ -165,9 +173,9 @@ static int regrant(struct call *c, uint64_t now)
     c->regrant_due = 0;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        if (p == c->rank || !peer->granted || peer->copies_since_grant < copies_per_regrant(c))
+        if (p == c->rank || !peer->granted || peer->arrived_since_grant < arrivals_per_regrant(c))
             continue;
-        int rc = send_control(c, UDT_KIND_CREDIT, 0, p, peer->granted, 1);
+        int rc = send_control(c, UDT_KIND_CREDIT, 0, p, peer->granted, CREDIT_COPIES);
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
@@ -176,9 +184,18 @@ static int regrant(struct call *c, uint64_t now)
             continue;
         }
         peer->granted_at_ns = now;
-        peer->copies_since_grant = 0;
+        peer->arrived_since_grant = 0;
     }
     return 0;
+}
+
+static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
+{
+    struct peer_state *p = &comm->peers[peer];
+    if (++p->arrived_since_grant >= arrivals_per_regrant(c) && p->granted) {
+        c->regrant_due = 1;
+        c->credits_dirty = 1;
+    }
 }
 
 /* Credits: walk the open receive steps in order and hand out the window,
@@ -222,7 +239,7 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         int grew = grant >= peer->granted + c->window_chunks / 4 || (grant > peer->granted && peer->granted == 0);
         if (!force && !grew && now - peer->granted_at_ns < refresh)
             continue;
-        int rc = send_control(c, UDT_KIND_CREDIT, 0, (uint32_t)touched[i], grant, 1);
+        int rc = send_control(c, UDT_KIND_CREDIT, 0, (uint32_t)touched[i], grant, CREDIT_COPIES);
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
@@ -231,7 +248,7 @@ static int grant_credits(struct call *c, uint64_t now, int force)
         }
         peer->granted = grant;
         peer->granted_at_ns = now;
-        peer->copies_since_grant = 0;
+        peer->arrived_since_grant = 0;
     }
     return regrant(c, now);
 }
@@ -504,6 +521,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     }
     c->stats->datagrams_received++;
     note_peer_step(c, comm, peer, h->step, now);
+    count_arrival(c, comm, peer);
 }
 
 /* Decide what a CREDIT datagram is, changing nothing. A credit names a
@@ -671,11 +689,7 @@ static void note_copy(struct call *c, struct udt_comm *comm, const struct udt_wi
     if (step_open)
         c->state[h->step].last_arrival_ns = now;
     udt_hear(c, comm, peer, now);
-    struct peer_state *p = &comm->peers[peer];
-    if (++p->copies_since_grant >= copies_per_regrant(c) && p->granted) {
-        c->regrant_due = 1;
-        c->credits_dirty = 1;
-    }
+    count_arrival(c, comm, peer);
 }
 
 static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_recv_item *item, uint64_t now)
@@ -1223,7 +1237,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         c->heard_count += peer->heard && p != c->rank;
         peer->granted = 0;
         peer->granted_at_ns = 0;
-        peer->copies_since_grant = 0;
+        peer->arrived_since_grant = 0;
         peer->highest_step_seen = 0;
         peer->finished = 0;
         peer->verdict_attempts = 0;

@@ -41,7 +41,7 @@ struct peer_state {
     uint32_t chunks_queued;  /* chunks handed to the transport for it */
     uint32_t credit_base;    /* chunks_queued when its last credit came: a credit covers at most a window more */
     uint32_t granted;        /* the last credit we sent it */
-    uint32_t copies_since_grant; /* redundant copies it sent us since that credit: they took window too */
+    uint32_t arrived_since_grant; /* its data that came since that credit (see regrant) */
     uint32_t wanted;         /* scratch of grant_credits */
     uint32_t wanted_epoch;
     uint64_t granted_at_ns;
@@ -104,7 +104,7 @@ struct call {
     uint32_t send_step;          /* lowest step whose sending is not done */
     uint32_t window_chunks;
     uint32_t copies;             /* of each data datagram we send (args.copies, at least 1) */
-    int regrant_due;             /* a peer's redundant copies used up a quarter window: credit it again */
+    int regrant_due;             /* a peer's arrivals used a quarter window without a credit back: credit it again */
     int credits_dirty;           /* something changed that may move a credit */
     uint64_t credits_walked_ns;
     int32_t mismatched_rank;

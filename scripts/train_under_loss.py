@@ -163,7 +163,8 @@ def run_arm(comm, arm, config):
     extra = {"fractions": tuple(np.mean(fractions, axis=0)) if fractions else (1.0, 1.0)}
     if method == "two_stage":
         counters = optimizer.counters.to_dict()
-        extra.update(counters, fractions=(counters["mean_reduce_fraction"], counters["mean_gather_fraction"]))
+        extra.update(counters, fractions=(counters["mean_reduce_fraction"], counters["mean_gather_fraction"]),
+                     copies_used={str(k): v for k, v in sorted(optimizer.copies_used.items())})
         if arm.get("phase"):
             extra["phase_schedule"] = [(s, n, c, b) for s, n, c, b in optimizer.phase_budget.schedule]
     return {"curve": curve, "drift": drift, "step_time_p50": float(np.median(step_times)), **extra}
@@ -202,6 +203,8 @@ def arms_for(quick):
              dict(name="two_stage 10% x2", method="two_stage", loss="0.1", copies=2),
              dict(name="two_stage 10% x3", method="two_stage", loss="0.1", copies=3),
              dict(name="two_stage 1% x2", method="two_stage", loss="0.01", copies=2),
+             dict(name="two_stage 10% auto", method="two_stage", loss="0.1", copies="auto"),
+             dict(name="two_stage 1% auto", method="two_stage", loss="0.01", copies="auto"),
              dict(name="two_stage burst", method="two_stage", loss="burst"),
              dict(name="two_stage burst +phase", method="two_stage", loss="burst", phase=True),
              dict(name="two_stage burst x2", method="two_stage", loss="burst", copies=2),
@@ -244,7 +247,8 @@ def main():
         with LocalCluster(args.ranks, inject=loss_model(arm["loss"], seed=args.seed)) as cluster:
             per_rank = cluster.run(run_arm, arm, config, timeout_s=7200)
         results[arm["name"]] = {**per_rank[0], "arm": arm, "wall_s": time.perf_counter() - started}
-        print(f"{arm['name']:>24}: perplexity {per_rank[0]['curve'][-1][1]:.3f}, drift {per_rank[0]['drift'][-1][1]:.2e}",
+        print(f"{arm['name']:>24}: perplexity {per_rank[0]['curve'][-1][1]:.3f}, drift {per_rank[0]['drift'][-1][1]:.2e}"
+              + (f", steps by copies {per_rank[0]['copies_used']}" if per_rank[0].get("copies_used") else ""),
               file=sys.stderr, flush=True)
     print_table(results, config, args)
     if args.json:

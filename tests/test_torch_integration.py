@@ -194,11 +194,25 @@ def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_ran
     assert 0 < fraction < 0.6
 
 
+@pytest.mark.parametrize("loss, fewest, most", [(0.0, 1, 1), (0.05, 2, 3), (0.15, 3, 4), (0.45, 4, 4)])
+def test_auto_copies_follow_the_measured_loss_the_same_on_every_rank(loss, fewest, most):
+    """copies="auto": 1 while nothing is lost; under i.i.d. loss p it settles on the fewest
+    copies k with p**k <= 1% (5% -> 2, 15% -> 3, 45% -> the most, 4; one more while the
+    estimate runs high is allowed: more copies cost bytes, never data), and every rank
+    sends the same on every step (the agreed fraction decides)."""
+    inject = ud_transport.Bernoulli(loss, seed=37) if loss else None
+    per_rank = get_cluster(4, chunk_bytes=64, inject=inject).run(torch_tasks.auto_copies, 120)
+    sent = [copies for copies, _ in per_rank]
+    assert all(s == sent[0] for s in sent), "ranks sent different copies"
+    settled = sent[0][60:]
+    assert fewest <= min(settled) and max(settled) <= most, sent[0]
+
+
 def test_copies_out_of_range_are_refused_before_anything_is_sent():
     import ud_transport.torch as udt
 
     model = torch.nn.Linear(2, 2)
-    for bad in (0, ud_transport._native.MAX_COPIES + 1, True, 2.0):
+    for bad in (0, ud_transport._native.MAX_COPIES + 1, True, 2.0, "always"):
         with pytest.raises(ValueError, match="copies"):
             udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), copies=bad)
         with pytest.raises(ValueError, match="copies"):

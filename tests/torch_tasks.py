@@ -287,3 +287,19 @@ def extrapolated_replicas(comm, steps, stale_fill):
         if step >= 2:
             distances.append(float((parameter.detach() - owners).abs().max()))
     return distances
+
+
+def auto_copies(comm, steps):
+    """Two-stage steps with copies="auto" under the cluster's loss: the copies each step
+    sent (in order) and the final parameters."""
+    model = small_model(seed=comm.rank)
+    optimizer = udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm,
+                                          loss_budget=1.0, deadline=10.0, copies="auto")
+    sent = []
+    for x, y in batches(comm.rank, steps):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        sent.append(optimizer._step_copies())
+        optimizer.step()
+        optimizer.zero_grad()
+    assert sum(optimizer.copies_used.values()) == steps
+    return sent, optimizer.last_stats.reduce_fraction

@@ -16,14 +16,18 @@ Equal to plain data parallel at no loss for elementwise optimizers (SGD,
 Adam, AdamW, ...): an optimizer that looks at whole tensors (LAMB, Shampoo)
 would see shard pieces instead. Use it on a plain model, not inside DDP (it
 does the gradient communication itself)."""
+import collections
+
 import torch
 
 from .. import exact
+from .._native import MAX_COPIES
 from ..errors import LossBudgetExceeded
 from ..options import check_copies
 from . import policy
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
 from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
+from .copies_choice import CopiesChooser
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -60,10 +64,13 @@ class LossTolerantOptimizer:
     stale_fill : {"keep", "extrapolate"}, default "keep"
         What a parameter chunk the all-gather lost holds: its old value (the seed paper's
         rule), or its old value plus the owner's last update to it.
-    copies : int, default 1
+    copies : int or "auto", default 1
         Times each datagram of the step's lossy collectives is sent (1 to 4): a chunk is lost
         only if every copy is, so i.i.d. loss p costs what loss p**copies would, for copies
-        times the bytes (see ``Communicator.allreduce``).
+        times the bytes (see ``Communicator.allreduce``). "auto" starts at 1 and, after every
+        lossy step, takes the fewest copies that keep the chunk loss the reduce-scatter
+        measured (smoothed over steps) at or below 1%; every rank chooses the same, from the
+        agreed fraction. ``copies_used`` counts the lossy steps by the copies they sent.
 
     Raises
     ------
@@ -84,7 +91,7 @@ class LossTolerantOptimizer:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         if stale_fill not in ("keep", "extrapolate"):
             raise ValueError(f"stale_fill must be 'keep' or 'extrapolate', got {stale_fill!r}")
-        self.copies = check_copies(copies)
+        self.copies = copies if copies == "auto" else check_copies(copies)
         self.communicator = communicator_of(communicator)
         self.loss_budget = loss_budget
         self.on_budget_miss = policy.check(on_budget_miss)
@@ -113,6 +120,8 @@ class LossTolerantOptimizer:
         self._inner, self._pieces = self._shard_optimizer(type(optimizer))
         chunk_of_element = chunk_index_of_elements(self.communicator, self._flat) if error_feedback or stale_fill == "extrapolate" else None
         self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm, chunk_of_element) if error_feedback else None
+        self.copies_used = collections.Counter()  # lossy steps by the copies they sent
+        self._chooser = CopiesChooser(self.communicator.world_size, MAX_COPIES) if copies == "auto" else None
         self.extrapolation = (Extrapolation(self.communicator, self._flat, algorithm, chunk_of_element)
                               if stale_fill == "extrapolate" else None)
 
@@ -209,20 +218,24 @@ class LossTolerantOptimizer:
                 self.feedback.drop()
         else:
             raise_on_miss = self.on_budget_miss == policy.RAISE
+            copies = self._step_copies()
+            self.copies_used[copies] += 1
             try:
                 if self.feedback is not None:
                     stats = self.feedback.reduce_scatter(grads, shard_grad, loss_budget=budget if raise_on_miss else 1.0,
-                                                         deadline=self.deadline, copies=self.copies)
+                                                         deadline=self.deadline, copies=copies)
                     self.feedback.settle(grads, deadline=self.deadline)
                 else:
                     stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
-                                                deadline=self.deadline, algorithm=self.algorithm, copies=self.copies)
+                                                deadline=self.deadline, algorithm=self.algorithm, copies=copies)
             except LossBudgetExceeded:
                 self.counters.raised += 1
                 raise
             self.counters.record(stats)
             self.last_stats = stats
             missed = policy.missed(stats, budget)
+            if self._chooser is not None:
+                self._chooser.record(stats.reduce_fraction)
         if missed and self.on_budget_miss == policy.SKIP:
             self.counters.skipped += 1
             return False
@@ -244,12 +257,15 @@ class LossTolerantOptimizer:
             before = self._flat.clone() if self.extrapolation is not None else None
             mask = self.extrapolation.mask if self.extrapolation is not None else None
             stats = comm.all_gather(own, self._flat, loss_budget=1.0, deadline=self.deadline, algorithm=self.algorithm,
-                                    chunk_mask=mask, copies=self.copies)
+                                    chunk_mask=mask, copies=copies)
             self.counters.record(stats)
             if self.extrapolation is not None:
                 self.extrapolation.apply(before, self._flat)
         unflatten_into(self._flat, self._params)
         return True
+
+    def _step_copies(self):
+        return self._chooser.copies if self._chooser is not None else self.copies
 
     def owner_values(self):
         """This rank's shard as the owner holds it (for exact re-alignment)."""
