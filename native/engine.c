@@ -189,10 +189,12 @@ static int regrant(struct call *c, uint64_t now)
     return 0;
 }
 
+/* Only in calls with copies (every rank passes the same): without them a sender is done
+ * with a step once its positions are, and needs no credit back for it. */
 static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
 {
     struct peer_state *p = &comm->peers[peer];
-    if (++p->arrived_since_grant >= arrivals_per_regrant(c) && p->granted) {
+    if (c->copies > 1 && ++p->arrived_since_grant >= arrivals_per_regrant(c) && p->granted) {
         c->regrant_due = 1;
         c->credits_dirty = 1;
     }

@@ -197,7 +197,7 @@ def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_ran
 @pytest.mark.parametrize("loss, fewest, most", [(0.0, 1, 1), (0.05, 2, 3), (0.15, 3, 4), (0.45, 4, 4)])
 def test_auto_copies_follow_the_measured_loss_the_same_on_every_rank(loss, fewest, most):
     """copies="auto": 1 while nothing is lost; under i.i.d. loss p it settles on the fewest
-    copies k with p**k <= 1% (5% -> 2, 15% -> 3, 45% -> the most, 4; one more while the
+    copies k with p**k <= 1.5% (5% -> 2, 15% -> 3, 45% -> the most, 4; one more while the
     estimate runs high is allowed: more copies cost bytes, never data), and every rank
     sends the same on every step (the agreed fraction decides)."""
     inject = ud_transport.Bernoulli(loss, seed=37) if loss else None

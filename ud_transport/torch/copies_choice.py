@@ -2,47 +2,57 @@
 chosen from the loss the step's own reduce-scatter measures.
 
 The reduce half's agreed fraction says what share of all contributions reached
-their owners; every rank sees the same figure, so every rank chooses the same
-number of copies without another message. With k copies a chunk is lost with
-probability p**k. The chunk loss is averaged over steps (as chunk loss: its
-k-th root would be biased low, most steps losing nothing), the datagram loss p
-is its k-th root, and the next step takes the fewest copies whose chunk loss
-stays at or below the target. More copies are taken at once; fewer only when
-the estimate is well inside the smaller number's bound, so that a quiet stretch
-(few chunks are lost once copies work) does not flip it back and forth."""
+their owners; every rank sees the same figure (and knows how many contributions
+a step carries), so every rank chooses the same number of copies without
+another message. With k copies a chunk is lost with probability p**k. The chunk
+loss is estimated over the last few thousand contributions (a small model's
+step carries few, and once copies work few are lost: a per-step average would
+swing), the datagram loss p is its k-th root, and the next step takes the
+fewest copies whose chunk loss stays at or below the target. More copies are
+taken at once; fewer only when the estimate is well inside the smaller number's
+bound."""
 
-TARGET_CHUNK_LOSS = 0.01  # 1% of chunks: the measured cost of 1% loss is within the noise floor
-SMOOTHING = 0.95          # weight of the past in the running chunk loss
-FEWER_MARGIN = 0.5        # fewer copies only if they would lose at most half the target
+# 1.5% of chunks: the measured cost of losing ~1% is within the training noise floor, and the
+# bound sits between 10% loss at two copies (1%) and 1% loss at one, so neither common rate
+# makes the choice flip (at exactly 1% it took three copies at 10% loss most of the time)
+TARGET_CHUNK_LOSS = 0.015
+MEMORY = 4000       # contributions the estimate remembers (older ones fade geometrically)
+FEWER_MARGIN = 0.5  # fewer copies only if they would lose at most half the target
 
 
 class CopiesChooser:
-    """The copies each step sends, from the loss the previous steps measured."""
+    """The copies each step sends, from the loss the previous steps measured.
 
-    def __init__(self, world_size, most, target=TARGET_CHUNK_LOSS):
-        self.world_size = world_size
+    `contributions` is how many contributions of other ranks one reduce-scatter carries
+    (chunks of the tensor times world size - 1): the same on every rank."""
+
+    def __init__(self, contributions, most, target=TARGET_CHUNK_LOSS):
+        self.contributions = contributions
         self.most = most
         self.target = target
         self.copies = 1
-        self.chunk_loss = 0.0  # running, at self.copies
+        self.lost = 0.0   # contributions lost, remembered (at self.copies)
+        self.seen = 0.0   # contributions sent, remembered
 
     @property
     def datagram_loss(self):
-        return self.chunk_loss ** (1.0 / self.copies)
+        return (self.lost / self.seen) ** (1.0 / self.copies) if self.seen else 0.0
 
-    def record(self, reduce_fraction):
+    def record(self, reduce_fraction, world_size):
         """After a lossy reduce-scatter sent with `self.copies`: update the estimate and choose."""
-        if self.world_size < 2:
+        if world_size < 2 or self.contributions == 0:
             return self.copies
-        remote = (self.world_size - 1) / self.world_size  # own contributions never travel
-        measured = min(1.0, max(0.0, 1.0 - reduce_fraction) / remote)
-        self.chunk_loss = SMOOTHING * self.chunk_loss + (1 - SMOOTHING) * measured
+        remote = (world_size - 1) / world_size  # own contributions never travel
+        chunk_loss = min(1.0, max(0.0, 1.0 - reduce_fraction) / remote)
+        keep = max(0.0, 1.0 - self.contributions / MEMORY)
+        self.lost = self.lost * keep + chunk_loss * self.contributions
+        self.seen = self.seen * keep + self.contributions
         loss = self.datagram_loss
         wanted = self.fewest_copies(loss, self.target)
         if wanted < self.copies:
             wanted = max(wanted, self.fewest_copies(loss, self.target * FEWER_MARGIN))
         if wanted != self.copies:
-            self.chunk_loss = loss ** wanted  # the same datagram loss, as chunk loss at the new number
+            self.lost = self.seen * loss ** wanted  # the same datagram loss, as chunk loss at the new number
             self.copies = wanted
         return self.copies
 

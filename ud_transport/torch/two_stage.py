@@ -64,12 +64,12 @@ class LossTolerantOptimizer:
     stale_fill : {"keep", "extrapolate"}, default "keep"
         What a parameter chunk the all-gather lost holds: its old value (the seed paper's
         rule), or its old value plus the owner's last update to it.
-    copies : int or "auto", default 1
+    copies : int or "auto", default "auto"
         Times each datagram of the step's lossy collectives is sent (1 to 4): a chunk is lost
         only if every copy is, so i.i.d. loss p costs what loss p**copies would, for copies
         times the bytes (see ``Communicator.allreduce``). "auto" starts at 1 and, after every
         lossy step, takes the fewest copies that keep the chunk loss the reduce-scatter
-        measured (smoothed over steps) at or below 1%; every rank chooses the same, from the
+        measured (smoothed over steps) at or below 1.5%; every rank chooses the same, from the
         agreed fraction. ``copies_used`` counts the lossy steps by the copies they sent.
 
     Raises
@@ -86,7 +86,8 @@ class LossTolerantOptimizer:
     """
 
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
-                 algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep", copies=1):
+                 algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep",
+                 copies="auto"):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         if stale_fill not in ("keep", "extrapolate"):
@@ -121,7 +122,10 @@ class LossTolerantOptimizer:
         chunk_of_element = chunk_index_of_elements(self.communicator, self._flat) if error_feedback or stale_fill == "extrapolate" else None
         self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm, chunk_of_element) if error_feedback else None
         self.copies_used = collections.Counter()  # lossy steps by the copies they sent
-        self._chooser = CopiesChooser(self.communicator.world_size, MAX_COPIES) if copies == "auto" else None
+        self._chooser = None
+        if copies == "auto":
+            chunks = len(self.communicator.chunk_ranges(self.count, self.dtype))
+            self._chooser = CopiesChooser(chunks * (self.communicator.world_size - 1), MAX_COPIES)
         self.extrapolation = (Extrapolation(self.communicator, self._flat, algorithm, chunk_of_element)
                               if stale_fill == "extrapolate" else None)
 
@@ -235,7 +239,7 @@ class LossTolerantOptimizer:
             self.last_stats = stats
             missed = policy.missed(stats, budget)
             if self._chooser is not None:
-                self._chooser.record(stats.reduce_fraction)
+                self._chooser.record(stats.reduce_fraction, comm.world_size)
         if missed and self.on_budget_miss == policy.SKIP:
             self.counters.skipped += 1
             return False
