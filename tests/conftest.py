@@ -1,5 +1,6 @@
 """Shared fixtures: local clusters of rank processes, kept for the session
 because starting a rank (importing torch) costs seconds on a 2-core machine."""
+import collections
 import os
 
 import pytest
@@ -8,15 +9,25 @@ from ud_transport.local_cluster import LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-_clusters = {}
+_clusters = collections.OrderedDict()  # least recently used first
+
+# Rank processes kept alive at once: each holds torch (~250 MB), and a whole suite's worth of
+# clusters (150 ranks) ran a 24 GiB machine out of memory
+MAX_CACHED_RANKS = 48
 
 
 def get_cluster(world_size, **options):
-    """A running cluster with these options, started once per session."""
+    """A running cluster with these options, started once and kept while it is among the most
+    recently used (at most MAX_CACHED_RANKS ranks alive in all)."""
     key = (world_size, tuple(sorted(options.items(), key=lambda kv: kv[0])))
     cluster = _clusters.get(key)
     if cluster is None or any(not p.is_alive() for p in cluster.processes):
+        if cluster is not None:
+            cluster.close()
+        while _clusters and sum(len(c.processes) for c in _clusters.values()) + world_size > MAX_CACHED_RANKS:
+            _clusters.popitem(last=False)[1].close()
         cluster = _clusters[key] = LocalCluster(world_size, **options)
+    _clusters.move_to_end(key)
     return cluster
 
 
