@@ -23,11 +23,12 @@ FEWER_MARGIN = 0.5  # fewer copies only if they would lose at most half the targ
 class CopiesChooser:
     """The copies each step sends, from the loss the previous steps measured.
 
-    `contributions` is how many contributions of other ranks one reduce-scatter carries
-    (chunks of the tensor times world size - 1): the same on every rank."""
+    `chunks` is how many chunks the step's tensor has: with world_size - 1 other ranks'
+    contributions to each, the count a reduce-scatter carries, the same on every rank."""
 
-    def __init__(self, contributions, most, target=TARGET_CHUNK_LOSS):
-        self.contributions = contributions
+    def __init__(self, chunks, world_size, most, target=TARGET_CHUNK_LOSS):
+        self.remote = (world_size - 1) / world_size  # share of contributions that travel
+        self.contributions = chunks * (world_size - 1)
         self.most = most
         self.target = target
         self.copies = 1
@@ -38,12 +39,11 @@ class CopiesChooser:
     def datagram_loss(self):
         return (self.lost / self.seen) ** (1.0 / self.copies) if self.seen else 0.0
 
-    def record(self, reduce_fraction, world_size):
+    def record(self, reduce_fraction):
         """After a lossy reduce-scatter sent with `self.copies`: update the estimate and choose."""
-        if world_size < 2 or self.contributions == 0:
+        if self.contributions == 0:  # one rank, or an empty tensor: nothing travels
             return self.copies
-        remote = (world_size - 1) / world_size  # own contributions never travel
-        chunk_loss = min(1.0, max(0.0, 1.0 - reduce_fraction) / remote)
+        chunk_loss = min(1.0, max(0.0, 1.0 - reduce_fraction) / self.remote)
         keep = max(0.0, 1.0 - self.contributions / MEMORY)
         self.lost = self.lost * keep + chunk_loss * self.contributions
         self.seen = self.seen * keep + self.contributions

@@ -69,7 +69,7 @@ class LossTolerantOptimizer:
         only if every copy is, so i.i.d. loss p costs what loss p**copies would, for copies
         times the bytes (see ``Communicator.allreduce``). "auto" starts at 1 and, after every
         lossy step, takes the fewest copies that keep the chunk loss the reduce-scatter
-        measured (smoothed over steps) at or below 1.5%; every rank chooses the same, from the
+        measured (over its last ~4000 contributions) at or below 1.5%; every rank chooses the same, from the
         agreed fraction. ``copies_used`` counts the lossy steps by the copies they sent.
 
     Raises
@@ -125,7 +125,7 @@ class LossTolerantOptimizer:
         self._chooser = None
         if copies == "auto":
             chunks = len(self.communicator.chunk_ranges(self.count, self.dtype))
-            self._chooser = CopiesChooser(chunks * (self.communicator.world_size - 1), MAX_COPIES)
+            self._chooser = CopiesChooser(chunks, self.communicator.world_size, MAX_COPIES)
         self.extrapolation = (Extrapolation(self.communicator, self._flat, algorithm, chunk_of_element)
                               if stale_fill == "extrapolate" else None)
 
@@ -239,7 +239,7 @@ class LossTolerantOptimizer:
             self.last_stats = stats
             missed = policy.missed(stats, budget)
             if self._chooser is not None:
-                self._chooser.record(stats.reduce_fraction, comm.world_size)
+                self._chooser.record(stats.reduce_fraction)
         if missed and self.on_budget_miss == policy.SKIP:
             self.counters.skipped += 1
             return False
