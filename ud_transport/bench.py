@@ -134,6 +134,10 @@ def run_rank(comm, config):
                         entry["failures"] += 1
                         entry["reasons"].append(f"iteration {iteration}: {type(error).__name__}: {error}")
                 elapsed = time.perf_counter() - start
+                # check only once every rank is done: on a machine whose ranks share cores, a rank
+                # that finished first would otherwise run the checker (hundreds of MiB of float64
+                # arithmetic) on the cores the slowest rank still needs for the timed call
+                store_barrier(comm.store, comm.rank, comm.world_size, f"{backend}/{nbytes}/{iteration}/done")
                 if peak_known and entry["extra_kib"] is not None:  # what the call itself added to the resident size at its peak
                     entry["extra_kib"] = max(entry["extra_kib"], _memory_kib("VmHWM") - resident_kib)
                 else:
