@@ -966,9 +966,58 @@ static double delivered_fraction(const struct call *c)
     return delivered / ((double)c->n * (double)c->args.count);
 }
 
+/* The output is written in runs: neighbouring chunks that take the same action and
+ * factor go out in one call. Chunk by chunk, an MTU-sized chunk (1.4 KB) made the
+ * tensor-sized copy 2.4x slower than one large copy (64 MiB: 12.5-13 ms against
+ * 5.1-6.1 ms on the build machine), and it is on every call's critical path. */
+enum write_kind { WRITE_NOTHING, WRITE_STORE, WRITE_RESCALE, WRITE_MOVE };
+
+struct write_run {
+    enum write_kind kind;
+    double factor;
+    uint8_t *out;       /* first output byte */
+    const uint8_t *src; /* first source byte (accum for STORE, input for MOVE) */
+    uint64_t elements;
+};
+
+static void flush_run(const struct call *c, struct write_run *r)
+{
+    switch (r->kind) {
+    case WRITE_STORE:
+        udt_store(c->args.dtype, r->out, r->src, r->elements, r->factor);
+        break;
+    case WRITE_RESCALE:
+        udt_rescale_wire(c->args.dtype, r->out, r->elements, r->factor);
+        break;
+    case WRITE_MOVE:
+        memmove(r->out, r->src, r->elements * c->wire_bytes);
+        break;
+    default:
+        break;
+    }
+    r->kind = WRITE_NOTHING;
+    r->elements = 0;
+}
+
+/* Add `elements` starting at output byte `out` (source `src`) to the run, or flush the
+ * run and start a new one when the action, the factor or either address does not follow on. */
+static void write_chunk(const struct call *c, struct write_run *r, enum write_kind kind, double factor, uint8_t *out,
+                        const uint8_t *src, uint64_t elements)
+{
+    size_t src_bytes = kind == WRITE_STORE ? c->accum_bytes : c->wire_bytes;
+    if (r->elements && r->kind == kind && r->factor == factor && r->out + r->elements * c->wire_bytes == out &&
+        (kind == WRITE_RESCALE || kind == WRITE_NOTHING || r->src + r->elements * src_bytes == src)) {
+        r->elements += elements;
+        return;
+    }
+    flush_run(c, r);
+    *r = (struct write_run){.kind = kind, .factor = factor, .out = out, .src = src, .elements = elements};
+}
+
 static void write_allreduce(struct call *c)
 {
     uint8_t *out = c->args.output;
+    struct write_run run = {0};
     for (uint32_t block = 0; block < c->n; block++) {
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint16_t contributions;
@@ -976,30 +1025,39 @@ static void write_allreduce(struct call *c)
             double factor = allreduce_factor(c, id, &contributions);
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
             if (c->chunk_flags[id] & SCRATCH_VALID)
-                udt_store(c->args.dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes, elements, factor);
+                write_chunk(c, &run, WRITE_STORE, factor, out + first * c->wire_bytes, c->accum + first * c->accum_bytes,
+                            elements);
             else /* a hole where nothing ever arrived: our own input, rescaled in place */
-                udt_rescale_wire(c->args.dtype, out + first * c->wire_bytes, elements, factor);
+                write_chunk(c, &run, WRITE_RESCALE, factor, out + first * c->wire_bytes, NULL, elements);
         }
     }
+    flush_run(c, &run);
 }
 
 /* Gathered outputs: fresh chunks take the new value, stale ones keep theirs. */
 static void write_gathered(struct call *c)
 {
     uint8_t *out = c->args.output;
+    struct write_run run = {0};
     for (uint32_t block = 0; block < c->n; block++) {
         int own_input = c->args.collective == UDT_ALL_GATHER && block == c->schedule.owned_block;
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint64_t id = c->chunk_base[block] + chunk;
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
+            uint8_t *target = out + first * c->wire_bytes;
             if (own_input || !(c->chunk_flags[id] & SCRATCH_VALID)) {
-                if (own_input || (c->final_count[id] && input_at(c, first) != out + first * c->wire_bytes))
-                    memmove(out + first * c->wire_bytes, input_at(c, first), elements * c->wire_bytes);
+                if (own_input || (c->final_count[id] && input_at(c, first) != target))
+                    write_chunk(c, &run, WRITE_MOVE, 1.0, target, input_at(c, first), elements);
+                else
+                    write_chunk(c, &run, WRITE_NOTHING, 1.0, target, NULL, elements);
             } else if (c->final_count[id]) {
-                udt_store(c->args.dtype, out + first * c->wire_bytes, c->accum + first * c->accum_bytes, elements, 1.0);
+                write_chunk(c, &run, WRITE_STORE, 1.0, target, c->accum + first * c->accum_bytes, elements);
+            } else {
+                write_chunk(c, &run, WRITE_NOTHING, 1.0, target, NULL, elements);
             }
         }
     }
+    flush_run(c, &run);
 }
 
 uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
