@@ -1360,11 +1360,17 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
         if (due < wake)
             wake = due;
     }
+    /* A credit goes out no sooner than the next walk (grant_credits waits a refresh interval
+     * between walks unless an arrival moved something, which wakes us anyway). A sender the
+     * last walk left without credit (the window went to earlier steps) has an old or no grant
+     * time: counting from that alone put the wake in the past, and the loop spun until the
+     * earlier step closed (a 16-chunk window, 4 ranks, direct: 100,000+ empty passes a call). */
     for (uint32_t g = c->recv_step; g < c->schedule.steps && g < c->recv_step + CREDIT_LOOKAHEAD_STEPS; g++) {
         int32_t q = c->step[g].recv_peer;
         if (q == UDT_NO_PEER || c->state[g].closed)
             continue;
-        uint64_t refresh = comm->peers[q].granted_at_ns + us(comm->options.credit_refresh_us);
+        uint64_t since = comm->peers[q].granted_at_ns > c->credits_walked_ns ? comm->peers[q].granted_at_ns : c->credits_walked_ns;
+        uint64_t refresh = since + us(comm->options.credit_refresh_us);
         if (refresh < wake)
             wake = refresh;
     }
