@@ -13,6 +13,9 @@ cdef extern from "simulate.h" nogil:
         double noise
         uint64_t seed
         udt_loss_model loss
+        uint64_t send_ns_per_datagram
+        uint32_t late_rank
+        double late_start_s
 
     struct udt_simulated_call:
         int32_t status
@@ -26,9 +29,11 @@ cdef extern from "simulate.h" nogil:
 def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count, uint32_t chunk_bytes, uint32_t calls, *,
              int estimator=0, double loss_budget=0.1, double deadline_s=10.0, double noise=1.0, uint64_t seed=1,
              int loss_kind=0, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0, double loss_in_good=0.0,
-             double loss_in_bad=0.0):
+             double loss_in_bad=0.0, uint64_t send_ns_per_datagram=0, uint32_t late_rank=0, double late_start_s=0.0):
     """Run `calls` calls of a collective on `world_size` engines in this
-    process. Returns a list (one per call) of lists (one per rank) of
+    process. `send_ns_per_datagram` paces every sender (virtual time per data
+    datagram); rank `late_rank` starts each call `late_start_s` after the others.
+    Returns a list (one per call) of lists (one per rank) of
     (status, stats dict, error_sum, error_squares)."""
     cdef udt_simulation sim
     cdef char error[320]
@@ -53,6 +58,11 @@ def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count,
     sim.loss.bad_to_good = bad_to_good
     sim.loss.loss_in_good = loss_in_good
     sim.loss.loss_in_bad = loss_in_bad
+    if late_rank >= world_size or late_start_s < 0:
+        raise ValueError(f"late_rank must be a rank (0..{world_size - 1}) and late_start_s not negative")
+    sim.send_ns_per_datagram = send_ns_per_datagram
+    sim.late_rank = late_rank
+    sim.late_start_s = late_start_s
     cdef udt_simulated_call *out = <udt_simulated_call *>malloc(<size_t>calls * world_size * sizeof(udt_simulated_call))
     if out is NULL:
         raise MemoryError()

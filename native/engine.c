@@ -355,6 +355,8 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
 static void mark_sent(struct call *c, uint32_t g)
 {
     c->state[g].send_done = 1;
+    if (c->step[g].send_peer != UDT_NO_PEER) /* to one receiver, steps go out in order */
+        comm_of(c)->peers[c->step[g].send_peer].sent_steps = g + 1;
     while (c->send_step < c->schedule.steps && c->state[c->send_step].send_done)
         c->send_step++;
 }
@@ -581,13 +583,28 @@ static void on_credit(struct call *c, struct udt_comm *comm, const struct udt_wi
 
 /* ---- who is in the call: JOIN requests and replies --------------------- */
 
-static int send_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag, uint8_t flags)
+/* Intervals between requests to one peer: the first after agree_resend_us,
+ * doubling up to 128x while it is silent, so a rank waiting minutes for a late one sends it a
+ * few thousand 44-byte datagrams, not millions. */
+#define LIVE_SENDER_ASK_DOUBLINGS 4
+
+static uint64_t join_request_interval(const struct udt_comm *comm, uint32_t attempts)
+{
+    return us(comm->options.agree_resend_us) << (attempts < 7 ? attempts : 7);
+}
+
+/* A JOIN also tells the peer how far our sending to it has come (`sent_steps`: it gets
+ * nothing more of our steps below this), so a receiver whose END markers were all lost,
+ * or that wonders whether a sender busy with other peers has reached its step, can ask. */
+static int send_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag, uint8_t flags,
+                     uint32_t sent_steps)
 {
     struct udt_wire_header h;
     udt_fill_header(c, &h, UDT_KIND_JOIN, 0);
     h.sequence = sequence;
     h.layout_tag = layout_tag;
     h.flags = flags;
+    h.credit = sent_steps;
     uint8_t *slot = comm->headers[SEND_BATCH + 2];
     udt_wire_encode(&h, slot);
     struct udt_send_item item = {.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
@@ -602,7 +619,7 @@ static int send_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint3
 static enum admission admit_join(const struct udt_wire_header *h, uint32_t bytes)
 {
     if (bytes != UDT_WIRE_HEADER_BYTES || h->payload_bytes != 0 || (h->flags & ~UDT_JOIN_REPLY) || h->reserved != 0 ||
-        h->phase != 0 || h->step != 0 || h->chunk_index != 0 || h->contributions != 0 || h->credit != 0)
+        h->phase != 0 || h->step != 0 || h->chunk_index != 0 || h->contributions != 0)
         return DROP_INVALID;
     return ADMIT;
 }
@@ -620,8 +637,22 @@ static int on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_
     int request = !(h->flags & UDT_JOIN_REPLY);
     struct peer_state *p = &comm->peers[peer];
     if (h->sequence == c->sequence) {
+        if (h->credit > c->schedule.steps) { /* past its last step: no sender says that */
+            c->stats->dropped_invalid++;
+            return 0;
+        }
         udt_hear(c, comm, peer, now);
-        return request ? send_join(c, comm, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY) : 0;
+        if (h->credit > p->reported_sent) {
+            p->reported_sent = h->credit;
+            p->reported_at_ns = now;
+        }
+        if (!request) { /* it answers, so it is alive: while we wait on it, ask every 16 intervals at most */
+            if (p->join_requests > LIVE_SENDER_ASK_DOUBLINGS)
+                p->join_requests = LIVE_SENDER_ASK_DOUBLINGS;
+            p->join_request_ns = now + join_request_interval(comm, p->join_requests);
+            return 0;
+        }
+        return send_join(c, comm, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY, p->sent_steps);
     }
     if (h->sequence == c->sequence + 1) { /* it is in our next call (not taken as an acknowledgement: see on_credit) */
         p->early_join_sequence = h->sequence;
@@ -630,16 +661,8 @@ static int on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_
         return 0; /* we are not in that call yet: it asks again */
     }
     if (request && comm->have_last_verdict && h->sequence == comm->last_verdict_sequence)
-        return send_join(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, UDT_JOIN_REPLY);
+        return send_join(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, UDT_JOIN_REPLY, comm->last_steps);
     return 0;
-}
-
-/* Intervals between requests to one peer: the first after agree_resend_us,
- * doubling up to 128x, so a rank waiting minutes for a late one sends it a
- * few thousand 44-byte datagrams, not millions. */
-static uint64_t join_request_interval(const struct udt_comm *comm, uint32_t attempts)
-{
-    return us(comm->options.agree_resend_us) << (attempts < 7 ? attempts : 7);
 }
 
 static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
@@ -649,7 +672,7 @@ static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, ui
         p->join_request_ns = now + join_request_interval(comm, 0);
     if (now < p->join_request_ns)
         return 0;
-    int rc = send_join(c, comm, peer, c->sequence, c->layout_tag, 0);
+    int rc = send_join(c, comm, peer, c->sequence, c->layout_tag, 0, p->sent_steps);
     if (rc < 0)
         return rc;
     p->join_request_ns = now + join_request_interval(comm, p->join_requests++);
@@ -836,26 +859,39 @@ static uint64_t announced_end_ns(const struct step_state *s)
     return s->announced && s->received >= s->announced ? s->last_arrival_ns : 0;
 }
 
-/* The lowest open step is past its share of the deadline but its sender has
- * not been heard since: it may be stopped (a pause, a debugger, a swapped-out
- * process) rather than done, so the step is not closed on the share; the
- * sender is asked whether it is still in the call. A live one answers and the
- * step closes; a silent one is waited for until the call's deadline. */
-static int quiet_past_share(const struct call *c, const struct udt_comm *comm, uint64_t now)
+/* The lowest open step is past its share of the deadline and its sender has not
+ * told us it is done with it: its END markers may all be lost, or it is still
+ * busy with other peers (direct: it serves them in turn; a late rank's senders
+ * have others' data queued first), or it is stopped (a pause, a debugger). Its
+ * silence on this step is no evidence of loss, so the share does not close the
+ * step; the sender is asked (a JOIN request), and its reply says how far its
+ * sending to us has come. One that is done closes the step like an END; one
+ * still sending is asked again (every agree_resend_us while it answers); a
+ * silent one is waited for until the call's deadline. Closing on the share
+ * alone read a busy sender as a lost step, and then dropped its whole block as
+ * stale when it came (8 ranks on a bridge, no loss: 39 of 100 calls not whole). */
+static int waiting_past_share(const struct call *c, const struct udt_comm *comm, uint64_t now)
 {
     if (!c->all_heard_ns || c->recv_step >= c->schedule.steps || now < c->step_deadline_ns)
         return 0;
     int32_t p = c->step[c->recv_step].recv_peer;
-    return p != UDT_NO_PEER && comm->peers[p].last_heard_ns < c->step_deadline_ns && !comm->peers[p].finished;
+    return p != UDT_NO_PEER && comm->peers[p].reported_sent <= c->recv_step && !comm->peers[p].finished;
 }
 
-static int probe_quiet_sender(struct call *c, struct udt_comm *comm, uint64_t now)
+static int ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now)
 {
-    return quiet_past_share(c, comm, now) ? request_join(c, comm, (uint32_t)c->step[c->recv_step].recv_peer, now) : 0;
+    return waiting_past_share(c, comm, now) ? request_join(c, comm, (uint32_t)c->step[c->recv_step].recv_peer, now) : 0;
 }
 
-/* Close the lowest open receive steps that are complete, ended, superseded,
- * idle after loss, or overdue. */
+/* When the sender of step g said, in a JOIN, that it sends nothing more of it (0: it did not). */
+static uint64_t reported_end_ns(const struct call *c, const struct peer_state *peer, uint32_t g)
+{
+    return peer->reported_sent > g ? peer->reported_at_ns : 0;
+}
+
+/* Close the lowest open receive steps that are complete, ended (END marker,
+ * verdict, announced count or the sender's answer to a JOIN), superseded, or
+ * idle after loss. The call's deadline closes the rest (udt_close_all_steps). */
 static int close_ready_steps(struct call *c, uint64_t now)
 {
     struct udt_comm *comm = comm_of(c);
@@ -870,9 +906,10 @@ static int close_ready_steps(struct call *c, uint64_t now)
         struct peer_state *peer = empty ? NULL : &comm->peers[p];
         /* a relay that announced fewer chunks than the block has ends like an END marker:
          * after the reorder grace, in which a larger announcement (the real one) may come */
-        uint64_t announced_at = announced_end_ns(s);
+        uint64_t announced_at = announced_end_ns(s), reported_at = empty ? 0 : reported_end_ns(c, peer, g);
         int ended = !empty && ((s->end_seen_ns && now - s->end_seen_ns >= us(o->reorder_grace_us)) ||
                                (announced_at && now - announced_at >= us(o->reorder_grace_us)) ||
+                               (reported_at && now - reported_at >= us(o->reorder_grace_us)) ||
                                (peer->finished && now - peer->finished_at_ns >= us(o->reorder_grace_us)));
         /* the sender already sends us a later step: all of this one that will come, came */
         int superseded = !empty && peer->highest_step_seen > g + 1;
@@ -880,16 +917,10 @@ static int close_ready_steps(struct call *c, uint64_t now)
          * otherwise its silence may be our own flow control */
         uint64_t idle_since = empty ? 0 : step_idle_since(c, g);
         int idle = idle_since && peer->granted >= g * c->max_chunks + s->expected && now - idle_since >= us(o->idle_close_us);
-        /* a step's share of the deadline counts once every rank is in the call,
-         * and closes it only if its sender showed since that it is alive and
-         * nothing arrived for it lately (after our own pause, data may still flow) */
-        int overdue = !empty && c->all_heard_ns && now >= c->step_deadline_ns && peer->last_heard_ns >= c->step_deadline_ns &&
-                      now - s->last_arrival_ns >= us(o->idle_close_us);
-        if (!empty && !complete && !ended && !superseded && !idle && !overdue)
+        if (!empty && !complete && !ended && !superseded && !idle)
             break;
         if (!empty && !complete)
-            ended ? c->stats->steps_ended++ : superseded ? c->stats->steps_superseded++
-                  : idle ? c->stats->steps_idle_closed++ : c->stats->steps_timed_out++;
+            ended ? c->stats->steps_ended++ : superseded ? c->stats->steps_superseded++ : c->stats->steps_idle_closed++;
         close_step(c, g);
         c->recv_step++;
         set_step_deadline(c, now);
@@ -1296,6 +1327,9 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->granted_at_ns = 0;
         peer->arrived_since_grant = 0;
         peer->highest_step_seen = 0;
+        peer->sent_steps = 0;
+        peer->reported_sent = 0;
+        peer->reported_at_ns = 0;
         peer->finished = 0;
         peer->verdict_attempts = 0;
         peer->acks_asked = 0;
@@ -1353,7 +1387,7 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
     const struct step_state *s = &c->state[c->recv_step];
     int32_t p = c->step[c->recv_step].recv_peer;
     if (p != UDT_NO_PEER && c->all_heard_ns) {
-        uint64_t due = quiet_past_share(c, comm, now) ? comm->peers[p].join_request_ns : c->step_deadline_ns;
+        uint64_t due = waiting_past_share(c, comm, now) ? comm->peers[p].join_request_ns : c->step_deadline_ns;
         if (due < wake)
             wake = due;
     }
@@ -1381,6 +1415,9 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
         wake = announced_end_ns(s) + grace;
     if (p != UDT_NO_PEER && comm->peers[p].finished && comm->peers[p].finished_at_ns + grace < wake)
         wake = comm->peers[p].finished_at_ns + grace;
+    uint64_t reported_at = p != UDT_NO_PEER ? reported_end_ns(c, &comm->peers[p], c->recv_step) : 0;
+    if (reported_at && reported_at + grace < wake)
+        wake = reported_at + grace;
     return wake;
 }
 
@@ -1416,6 +1453,8 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
             c->stats->deadline_expired = now >= c->deadline_ns;
             udt_close_all_steps(c);
             c->send_step = c->schedule.steps;
+            for (uint32_t p = 0; p < c->n; p++) /* what was not sent never will be: a JOIN says so */
+                comm->peers[p].sent_steps = c->schedule.steps;
         }
         progressed |= close_ready_steps(c, now);
         if ((rc = send_some(c)) < 0)
@@ -1436,7 +1475,7 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
         }
     }
     if (c->phase == PHASE_DATA) {
-        if ((rc = request_joins(c, comm, now)) < 0 || (rc = probe_quiet_sender(c, comm, now)) < 0)
+        if ((rc = request_joins(c, comm, now)) < 0 || (rc = ask_waited_sender(c, comm, now)) < 0)
             return rc;
         progressed |= rc;
     }

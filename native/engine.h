@@ -108,7 +108,7 @@ struct udt_collective_stats {
     uint32_t steps_ended;        /* by the sender's END marker, its verdict message, or all it announced having come */
     uint32_t steps_superseded;   /* by data of a later step from the same peer */
     uint32_t steps_idle_closed;  /* quiet after a gap */
-    uint32_t steps_timed_out;    /* by their share of the deadline */
+    uint32_t steps_timed_out;    /* by the call's deadline */
     uint32_t idle_waits;         /* times the engine slept waiting for the network */
     uint32_t credit_stalls;      /* times sending stopped at a receiver's credit limit */
     uint32_t agreed_value;       /* max over ranks of args.agree_value */

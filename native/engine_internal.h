@@ -46,6 +46,9 @@ struct peer_state {
     uint32_t wanted_epoch;
     uint64_t granted_at_ns;
     uint32_t highest_step_seen; /* +1, of data or END it sent us */
+    uint32_t sent_steps;        /* ours to it: it gets nothing more of our steps below this (JOIN carries it) */
+    uint32_t reported_sent;     /* its to us, as its last JOIN said: nothing more comes of steps below this */
+    uint64_t reported_at_ns;    /* when that report last moved */
     uint8_t heard;              /* anything valid from it during this call: it is in the call */
     uint8_t gone;               /* its port is closed (the transport saw it): it will never answer again */
     uint64_t last_heard_ns;
@@ -139,6 +142,7 @@ struct udt_comm {
     uint32_t last_verdict_sequence;
     uint8_t have_last_verdict;
     uint32_t last_layout_tag;
+    uint32_t last_steps;         /* of that call: a JOIN answered for it says all of them are sent */
     uint8_t last_verdict[UDT_VERDICT_BYTES];
     /* buffers kept between calls so a steady workload allocates nothing */
     uint8_t *scratch;

@@ -12,6 +12,7 @@
 
 #define SIM_HEADER_BYTES 44u
 #define SWEEP_LIMIT 50000000ull
+#define SEND_CREDIT_DATAGRAMS 64 /* a paced sender saves up at most this many sends while idle */
 
 static uint64_t splitmix(uint64_t *state)
 {
@@ -31,8 +32,32 @@ struct sim_rank {
     struct udt_comm *comm;
     double *input, *output;
     struct udt_collective_stats stats;
-    int over;
+    int over, started;
+    uint64_t start_ns;
+    uint64_t send_clock_ns; /* paced: virtual time up to which its sends are spent */
 };
+
+/* Hand a paced rank the sends its time allows since it last sent (see send_ns_per_datagram). */
+static void give_send_allowance(struct udt_memory_network *net, struct sim_rank *rank, uint32_t r, uint64_t cost, uint64_t now)
+{
+    if (!cost)
+        return;
+    uint64_t saved_from = now > SEND_CREDIT_DATAGRAMS * cost ? now - SEND_CREDIT_DATAGRAMS * cost : 0;
+    if (rank->send_clock_ns < saved_from)
+        rank->send_clock_ns = saved_from;
+    udt_memory_set_send_allowance(net, r, now > rank->send_clock_ns ? (int64_t)((now - rank->send_clock_ns) / cost) : 0);
+}
+
+/* Charge what it sent; returns when its next send is possible if it was held back, else UINT64_MAX. */
+static uint64_t charge_sends(struct udt_memory_network *net, struct sim_rank *rank, uint32_t r, uint64_t cost, uint64_t now,
+                             int64_t given)
+{
+    if (!cost)
+        return UINT64_MAX;
+    int64_t left = udt_memory_send_allowance(net, r);
+    rank->send_clock_ns += (uint64_t)(given - left) * cost;
+    return left == 0 ? (rank->send_clock_ns > now ? rank->send_clock_ns : now) + cost : UINT64_MAX;
+}
 
 static void release(struct sim_rank *ranks, uint32_t n, struct udt_memory_network *net, double *signal)
 {
@@ -112,14 +137,8 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
                                            .dtype = UDT_FLOAT64, .op = UDT_OP_SUM, .estimator = sim->estimator,
                                            .loss_budget = sim->loss_budget, .deadline_s = sim->deadline_s};
         for (uint32_t r = 0; r < n; r++) {
-            args.input = ranks[r].input;
-            args.output = ranks[r].output;
-            if (udt_call_start(ranks[r].comm, &args, &ranks[r].stats, now) != UDT_OK) {
-                snprintf(error, (size_t)error_bytes, "rank %u: %s", r, udt_comm_error(ranks[r].comm)->message);
-                release(ranks, n, net, signal);
-                return -1;
-            }
-            ranks[r].over = 0;
+            ranks[r].over = ranks[r].started = 0;
+            ranks[r].start_ns = now + (r == sim->late_rank ? (uint64_t)(sim->late_start_s * 1e9) : 0);
         }
         uint32_t remaining = n;
         uint64_t sweeps = 0;
@@ -129,8 +148,28 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
             for (uint32_t r = 0; r < n; r++) {
                 if (ranks[r].over)
                     continue;
-                uint64_t wake = UINT64_MAX;
+                if (!ranks[r].started) {
+                    if (now < ranks[r].start_ns) {
+                        earliest = ranks[r].start_ns < earliest ? ranks[r].start_ns : earliest;
+                        continue;
+                    }
+                    args.input = ranks[r].input;
+                    args.output = ranks[r].output;
+                    if (udt_call_start(ranks[r].comm, &args, &ranks[r].stats, now) != UDT_OK) {
+                        snprintf(error, (size_t)error_bytes, "rank %u: %s", r, udt_comm_error(ranks[r].comm)->message);
+                        release(ranks, n, net, signal);
+                        return -1;
+                    }
+                    ranks[r].started = 1;
+                    progressed = 1;
+                }
+                uint64_t wake = UINT64_MAX, cost = sim->send_ns_per_datagram;
+                give_send_allowance(net, &ranks[r], r, cost, now);
+                int64_t given = udt_memory_send_allowance(net, r);
                 int rc = udt_call_progress(ranks[r].comm, now, &wake);
+                uint64_t next_send = charge_sends(net, &ranks[r], r, cost, now, given);
+                if (next_send < wake)
+                    wake = next_send;
                 if (rc < 0) {
                     snprintf(error, (size_t)error_bytes, "rank %u: transport error %d", r, rc);
                     release(ranks, n, net, signal);

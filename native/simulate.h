@@ -21,6 +21,12 @@ struct udt_simulation {
     double noise;            /* inputs: a signal shared by all ranks plus this much noise of each rank's own */
     uint64_t seed;
     struct udt_loss_model loss; /* per rank, seeded with seed + rank */
+    /* A sender's cost: each data datagram takes this much virtual time of its
+     * sender (0: free), so a rank serving several peers reaches the last late. */
+    uint64_t send_ns_per_datagram;
+    /* One rank starts every call this much later than the others (0: none). */
+    uint32_t late_rank;
+    double late_start_s;
 };
 
 /* What one rank saw in one call. */

@@ -17,6 +17,7 @@ struct memory_queue {
 struct udt_memory_network {
     uint32_t world_size, max_datagram_bytes, slot_bytes;
     struct memory_queue *queues;
+    int64_t *send_allowance; /* per endpoint: data datagrams it may still send (-1: no limit) */
 };
 
 struct memory_transport {
@@ -61,7 +62,10 @@ static int memory_send(struct udt_transport *t, const struct udt_send_item *item
 {
     struct memory_transport *m = (struct memory_transport *)t;
     struct udt_memory_network *net = m->network;
+    int64_t *allowance = &net->send_allowance[m->rank];
     for (int i = 0; i < count; i++) {
+        if (items[i].payload_bytes && *allowance == 0)
+            return i; /* paced out: the rest goes on a later pass, as on a full socket */
         if (items[i].peer >= net->world_size || items[i].header_bytes + items[i].payload_bytes > net->max_datagram_bytes) {
             udt_error_check(&t->error, "memory transport: bad send to %u (%u bytes)", items[i].peer,
                      items[i].header_bytes + items[i].payload_bytes);
@@ -71,6 +75,8 @@ static int memory_send(struct udt_transport *t, const struct udt_send_item *item
             udt_error_check(&t->error, "memory transport: out of memory");
             return -12;
         }
+        if (items[i].payload_bytes && *allowance > 0)
+            --*allowance;
     }
     return count;
 }
@@ -128,10 +134,15 @@ struct udt_memory_network *udt_memory_network_create(uint32_t world_size, uint32
     net->max_datagram_bytes = max_datagram_bytes;
     net->slot_bytes = (max_datagram_bytes + 8 + 7) & ~7u;
     net->queues = calloc(world_size, sizeof *net->queues);
-    if (!net->queues) {
+    net->send_allowance = malloc(world_size * sizeof *net->send_allowance);
+    if (!net->queues || !net->send_allowance) {
+        free(net->queues);
+        free(net->send_allowance);
         free(net);
         return NULL;
     }
+    for (uint32_t i = 0; i < world_size; i++)
+        net->send_allowance[i] = -1;
     return net;
 }
 
@@ -142,8 +153,16 @@ void udt_memory_network_destroy(struct udt_memory_network *net)
     for (uint32_t i = 0; i < net->world_size; i++)
         free(net->queues[i].slots);
     free(net->queues);
+    free(net->send_allowance);
     free(net);
 }
+
+void udt_memory_set_send_allowance(struct udt_memory_network *net, uint32_t rank, int64_t datagrams)
+{
+    net->send_allowance[rank] = datagrams;
+}
+
+int64_t udt_memory_send_allowance(const struct udt_memory_network *net, uint32_t rank) { return net->send_allowance[rank]; }
 
 struct udt_transport *udt_memory_open(struct udt_memory_network *net, uint32_t rank)
 {

@@ -317,6 +317,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     comm->last_verdict_sequence = c->sequence;
     comm->have_last_verdict = 1;
     comm->last_layout_tag = c->layout_tag;
+    comm->last_steps = c->schedule.steps;
     memcpy(comm->last_verdict, c->my_verdict, UDT_VERDICT_BYTES);
     return 1;
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define UDT_WIRE_MAGIC 0x31544455u /* "UDT1" read as little-endian */
-#define UDT_WIRE_VERSION 3u
+#define UDT_WIRE_VERSION 4u
 #define UDT_WIRE_HEADER_BYTES 44u
 #define UDT_NO_RANK 0xFFFFu
 
@@ -17,7 +17,8 @@ enum udt_kind {
     UDT_KIND_END = 2,    /* sender finished a step: missing chunks of it are lost */
     UDT_KIND_CREDIT = 3, /* receiver -> a sender: you may send positions < credit */
     UDT_KIND_AGREE = 4,  /* the verdict round: this rank's outcome (payload: struct udt_verdict) */
-    UDT_KIND_JOIN = 5,  /* "I am in call `sequence`": asked of a peer not heard from, answered at once */
+    UDT_KIND_JOIN = 5,  /* "I am in call `sequence`": asked of a peer not heard from, answered at once;
+                         * credit: steps of ours to the receiver that it gets nothing more of */
 };
 
 /* flags of an AGREE datagram (every other kind has flags 0) */
@@ -48,7 +49,8 @@ struct udt_wire_header {
     uint32_t payload_bytes;
     uint32_t layout_tag;    /* hash of collective, algorithm, element count, dtype, op, root, chunk size */
     uint32_t credit;        /* CREDIT: first position the sender may not send;
-                             * DATA: how many chunks the sender sends in this step */
+                             * DATA: how many chunks the sender sends in this step;
+                             * JOIN: the sender's steps to the receiver below this are all sent */
 };
 
 static inline void udt_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }

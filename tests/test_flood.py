@@ -57,7 +57,7 @@ def refused_forgeries(session, sequence, source_rank):
         header(kind=wire_format.KIND_CREDIT, credit=2**31, step=3),                   # a credit naming a step
         header(kind=wire_format.KIND_END, step=60000),                                # an END past every step
         header(kind=wire_format.KIND_JOIN, flags=1),                                  # a JOIN flag that does not exist
-        header(kind=wire_format.KIND_JOIN, credit=5),                                 # a JOIN carrying a credit
+        header(kind=wire_format.KIND_JOIN, credit=60000),                             # a JOIN past every step
         header(kind=wire_format.KIND_CREDIT, sequence=sequence - 5, credit=1),        # an old call's credit
         header(kind=wire_format.KIND_DATA, contributions=1, payload_bytes=4)[:30],    # a truncated header
         wire_format.header(kind=wire_format.KIND_DATA, session_id=session ^ 1, sequence=sequence,

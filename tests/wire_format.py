@@ -4,7 +4,7 @@ stranger or a peer on the wire."""
 import struct
 
 MAGIC = 0x31544455
-VERSION = 3
+VERSION = 4
 KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE, KIND_JOIN = 1, 2, 3, 4, 5
 JOIN_REPLY = 2
 PHASE_REDUCE, PHASE_GATHER = 0, 1

@@ -83,8 +83,9 @@ class CollectiveStats:
         went to them).
     steps_ended, steps_superseded, steps_idle_closed, steps_timed_out : int
         Receive steps with missing chunks, by how they closed: by the sender's END marker (its
-        verdict message, or all it announced having come), by data of a later step, by quiet after a gap
-        (``Options.idle_close_us``), or by their share of the deadline.
+        verdict message, all it announced having come, or its answer to a JOIN request saying it
+        sends nothing more of the step), by data of a later step, by quiet after a gap
+        (``Options.idle_close_us``), or by the call's deadline.
     idle_waits : int
         Times the engine slept waiting for the network.
     credit_stalls : int
