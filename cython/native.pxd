@@ -158,7 +158,7 @@ cdef extern from "engine.h" nogil:
         uint32_t critical_path
         uint32_t steps_ended
         uint32_t steps_superseded
-        uint32_t steps_idle_closed
+        uint32_t steps_answered
         uint32_t steps_timed_out
         uint32_t idle_waits
         uint32_t credit_stalls

@@ -43,7 +43,7 @@ struct udt_engine_options {
     uint32_t credit_refresh_us; /* resend our credit this often while waiting */
     uint32_t reorder_grace_us;  /* after an END, wait this long for stragglers */
     uint32_t busy_poll_us;      /* spin this long for the next datagram before sleeping */
-    uint32_t idle_close_us;     /* a step that lost chunks closes after this long without arrivals (0 = never) */
+    uint32_t idle_close_us;     /* a step that lost chunks asks its sender after this long without arrivals (0 = never) */
     uint32_t agree_resend_us;   /* first resend interval of verdict messages (doubles, up to 16x) */
     uint32_t join_timeout_ms;  /* how long a call waits for every rank to join it before blaming the absent */
 };
@@ -107,7 +107,7 @@ struct udt_collective_stats {
     /* how receive steps that missed chunks were closed */
     uint32_t steps_ended;        /* by the sender's END marker, its verdict message, or all it announced having come */
     uint32_t steps_superseded;   /* by data of a later step from the same peer */
-    uint32_t steps_idle_closed;  /* quiet after a gap */
+    uint32_t steps_answered;     /* by the sender's answer to a JOIN: it sends nothing more of the step */
     uint32_t steps_timed_out;    /* by the call's deadline */
     uint32_t idle_waits;         /* times the engine slept waiting for the network */
     uint32_t credit_stalls;      /* times sending stopped at a receiver's credit limit */

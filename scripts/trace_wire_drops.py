@@ -62,7 +62,9 @@ def drop_counters(namespaces, switch):
 def one_call(comm, count):
     tensor = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
     stats = comm.allreduce(tensor, loss_budget=1.0)
-    return stats.delivered_fraction, stats.datagrams_received, stats.chunks_lost, stats.elapsed_s
+    closed = {name: getattr(stats, name) for name in ("steps_ended", "steps_superseded", "steps_answered",
+                                                      "steps_timed_out", "dropped_stale") if getattr(stats, name)}
+    return stats.delivered_fraction, stats.datagrams_received, stats.chunks_lost, stats.elapsed_s, closed
 
 
 def main(argv=None):
@@ -71,7 +73,7 @@ def main(argv=None):
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--mib", type=int, default=64, help="tensor size in MiB (float32)")
     parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--window-mib", type=int, default=16, help="the communicators' credit window")
+    parser.add_argument("--window-mib", type=float, default=16, help="the communicators' credit window")
     parser.add_argument("--port-queue", type=int, default=0,
                         help="give each switch port a pfifo of this many packets (0: veth's default, no queue)")
     args = parser.parse_args(argv)
@@ -86,7 +88,7 @@ def main(argv=None):
         if args.port_queue:
             for index in range(args.world_size):
                 run_in(switch, "tc", "qdisc", "replace", "dev", f"p{index}", "root", "pfifo", "limit", str(args.port_queue))
-        with LocalCluster(args.world_size, store_port=port, hosts=hosts, window_bytes=args.window_mib << 20) as cluster:
+        with LocalCluster(args.world_size, store_port=port, hosts=hosts, window_bytes=int(args.window_mib * (1 << 20))) as cluster:
             namespaces = hosts.namespaces + ([switch] if switch else [])
             broken, elapsed = 0, []
             for call in range(args.calls):
@@ -98,8 +100,8 @@ def main(argv=None):
                 broken += 1
                 after = drop_counters(namespaces, switch)
                 moved = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
-                missed = [f"rank {r}: {rank[2]} chunks lost, {rank[1]} datagrams received" for r, rank in enumerate(per_rank)
-                          if rank[2]]
+                missed = [f"rank {r}: {rank[2]} chunks lost, {rank[1]} datagrams received {rank[4]}"
+                          for r, rank in enumerate(per_rank) if rank[2]]
                 print(f"call {call}: {'; '.join(missed) or 'lost elsewhere'}; counters moved: {moved}", flush=True)
     print(f"{broken} of {args.calls} calls not whole; engine elapsed p50 {np.median(elapsed) * 1e3:.1f} ms "
           f"({args.world_size} ranks, MTU {args.mtu}, window {args.window_mib} MiB, "

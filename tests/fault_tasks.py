@@ -123,3 +123,14 @@ def allreduce_outcome_with_a_pause(comm, paused_rank, count, join_after_s, pause
         time.sleep(join_after_s)
         entering = _after_entering(pause_after_s, lambda: _pause_self(pause_s))
     return allreduce_outcome(comm, count, deadline, entering)
+
+
+def lossy_allreduce_with_a_pause(comm, paused_rank, count, pause_after_s, pause_s, deadline):
+    """Every rank allreduces with loss allowed; `paused_rank` is SIGSTOPped `pause_after_s`
+    after entering the call, for `pause_s`. Returns (status ok?, chunks lost, datagrams the
+    injected loss dropped at this rank, elapsed, steps closed on the sender's answer)."""
+    tensor = filled(comm, count)
+    if comm.rank == paused_rank:
+        _after_entering(pause_after_s, lambda: _pause_self(pause_s)).set()
+    stats = comm.allreduce(tensor, loss_budget=1.0, deadline=deadline)
+    return True, stats.chunks_lost, stats.injected_drops, stats.elapsed_s, stats.steps_answered

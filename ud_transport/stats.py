@@ -81,11 +81,12 @@ class CollectiveStats:
     verdict_acks_presumed : int
         Peers whose acknowledgement of this rank's verdict was presumed (silent long after it
         went to them).
-    steps_ended, steps_superseded, steps_idle_closed, steps_timed_out : int
+    steps_ended, steps_superseded, steps_answered, steps_timed_out : int
         Receive steps with missing chunks, by how they closed: by the sender's END marker (its
-        verdict message, all it announced having come, or its answer to a JOIN request saying it
-        sends nothing more of the step), by data of a later step, by quiet after a gap
-        (``Options.idle_close_us``), or by the call's deadline.
+        verdict message, or all it announced having come), by data of a later step, by the
+        sender's answer to a JOIN request saying it sends nothing more of the step (asked at the
+        step's share of the deadline, or after ``Options.idle_close_us`` without arrivals after
+        a gap), or by the call's deadline.
     idle_waits : int
         Times the engine slept waiting for the network.
     credit_stalls : int
@@ -143,7 +144,7 @@ class CollectiveStats:
     verdict_acks_presumed: int
     steps_ended: int
     steps_superseded: int
-    steps_idle_closed: int
+    steps_answered: int
     steps_timed_out: int
     idle_waits: int
     credit_stalls: int
