@@ -2,8 +2,10 @@
  * datagram, and never retransmits data.
  *  - A receive step closes when all its chunks arrived, when its sender's
  *    END marker (or verdict) arrived, when that sender moved on to a later
- *    step, when it went quiet after a gap, or at its share of the deadline;
- *    a lost chunk never stalls later hops.
+ *    step, when the sender answers that it is done with it (asked once the
+ *    step has had nothing for idle_close_us, or at its share of the
+ *    deadline), or at the call's deadline; silence alone never closes it,
+ *    and a lost chunk never stalls later hops.
  *  - Reduced chunks carry how many ranks' inputs they sum; the owner of a
  *    block rescales by N/count, so the estimate is unbiased.
  *  - Receivers grant senders credits (a window of positions shared by all
@@ -797,6 +799,7 @@ static void set_step_deadline(struct call *c, uint64_t now)
     uint32_t remaining = c->recv_step < c->schedule.steps ? c->state[c->recv_step].receives_after + 1 : 1;
     uint64_t left = c->deadline_ns > now ? c->deadline_ns - now : 0;
     c->step_deadline_ns = now + left / remaining;
+    c->step_opened_ns = now;
 }
 
 /* The owner's block is complete: rescale each chunk by N / contributions so
@@ -842,15 +845,14 @@ void udt_close_all_steps(struct call *c)
     }
 }
 
-/* A step with a hole below its highest received chunk has seen loss; when it
- * then goes quiet, its sender is asked whether it is done with it. Returns the
- * time of its last arrival, or 0 when there is no evidence of loss. */
-static uint64_t step_idle_since(const struct call *c, uint32_t g)
+/* Since when the lowest open step g has had nothing: its last arrival, or when
+ * it became the step we wait on (0: it is complete, or idle_close_us is 0). */
+static uint64_t step_quiet_since(const struct call *c, uint32_t g)
 {
     const struct step_state *s = &c->state[g];
-    if (comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->seen_end)
+    if (comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->expected)
         return 0;
-    return s->last_arrival_ns;
+    return s->last_arrival_ns > c->step_opened_ns ? s->last_arrival_ns : c->step_opened_ns;
 }
 
 /* When a step received every chunk its sender announced (0: not yet). */
@@ -860,8 +862,10 @@ static uint64_t announced_end_ns(const struct step_state *s)
 }
 
 /* The lowest open step has waited long enough to ask its sender whether it is
- * done with it: past its share of the deadline, or quiet for idle_close_us after
- * a gap. Neither closes the step. Silence is no evidence that a sender is done:
+ * done with it: past its share of the deadline, or idle_close_us without an
+ * arrival (a burst may have taken the step's last chunks and every copy of its
+ * END marker: asking at the share alone left such a step waiting D / steps, a
+ * second and more). Neither closes the step. Silence is no evidence that a sender is done:
  * its END markers may all be lost, but it may as well be busy with other peers
  * (direct: it serves them in turn; a late rank's senders have others' data
  * queued first), descheduled on a loaded machine, or stopped in a debugger. Its
@@ -882,9 +886,9 @@ static int sender_to_ask(const struct call *c, const struct udt_comm *comm, uint
     int32_t p = c->step[g].recv_peer;
     if (p == UDT_NO_PEER || c->state[g].expected == 0 || comm->peers[p].reported_sent > g || comm->peers[p].finished)
         return 0;
-    uint64_t idle_since = step_idle_since(c, g);
+    uint64_t quiet_since = step_quiet_since(c, g);
     return (c->all_heard_ns && now >= c->step_deadline_ns) ||
-           (idle_since && now - idle_since >= us(comm->options.idle_close_us));
+           (quiet_since && now - quiet_since >= us(comm->options.idle_close_us));
 }
 
 static int ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now)
@@ -1392,7 +1396,7 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
         return wake;
     const struct step_state *s = &c->state[c->recv_step];
     int32_t p = c->step[c->recv_step].recv_peer;
-    uint64_t idle = step_idle_since(c, c->recv_step);
+    uint64_t idle = step_quiet_since(c, c->recv_step);
     if (sender_to_ask(c, comm, now)) {
         if (comm->peers[p].join_request_ns < wake)
             wake = comm->peers[p].join_request_ns;

@@ -43,7 +43,7 @@ struct udt_engine_options {
     uint32_t credit_refresh_us; /* resend our credit this often while waiting */
     uint32_t reorder_grace_us;  /* after an END, wait this long for stragglers */
     uint32_t busy_poll_us;      /* spin this long for the next datagram before sleeping */
-    uint32_t idle_close_us;     /* a step that lost chunks asks its sender after this long without arrivals (0 = never) */
+    uint32_t idle_close_us;     /* an incomplete step asks its sender after this long without arrivals (0 = only at its share) */
     uint32_t agree_resend_us;   /* first resend interval of verdict messages (doubles, up to 16x) */
     uint32_t join_timeout_ms;  /* how long a call waits for every rank to join it before blaming the absent */
 };

@@ -104,6 +104,7 @@ struct call {
     uint8_t *accum;
     uint32_t recv_step;          /* lowest receive step not yet closed */
     uint64_t step_deadline_ns;
+    uint64_t step_opened_ns;     /* when recv_step became the step we wait on (or everyone was heard) */
     uint32_t send_step;          /* lowest step whose sending is not done */
     uint32_t window_chunks;
     uint32_t copies;             /* of each data datagram we send (args.copies, at least 1) */

@@ -44,8 +44,10 @@ def test_a_sender_busy_with_other_peers_is_waited_for(algorithm, late_start_s, d
 
 @pytest.mark.parametrize("algorithm", ["direct", "ring"])
 def test_steps_whose_data_and_end_markers_are_all_lost_close_long_before_the_deadline(algorithm):
-    """Bursts of total loss (Gilbert-Elliott, ~50 datagrams long) take whole steps and their END
-    markers: the receiver asks the sender at the step's share and closes the step on its answer."""
+    """Bursts of total loss (Gilbert-Elliott, ~50 datagrams long) take whole steps, or their last
+    chunks, and every copy of their END markers: the receiver asks the sender once the step has
+    had nothing for idle_close_us (20 ms) and closes the step on its answer. Asked only at the
+    step's share of the deadline (10 s / 6 steps), the slowest call took 1.5 s."""
     deadline_s = 10.0
     rows = _native.simulate(4, _native.COLLECTIVE_ALLREDUCE, ALGORITHMS[algorithm], 4 * 2000, 64, 40,
                             deadline_s=deadline_s, loss_budget=1.0, loss_kind=2, good_to_bad=0.01, bad_to_good=0.02,
@@ -54,7 +56,7 @@ def test_steps_whose_data_and_end_markers_are_all_lost_close_long_before_the_dea
     assert min(s["delivered_fraction"] for s in stats) < 0.9  # the bursts did take data
     assert sum(s["steps_ended"] for s in stats) > 0
     for s in stats:
-        assert not s["deadline_expired"] and s["steps_timed_out"] == 0 and s["elapsed_s"] < deadline_s / 4, s
+        assert not s["deadline_expired"] and s["steps_timed_out"] == 0 and s["elapsed_s"] < deadline_s / 10, s
 
 
 def test_a_sender_stopped_mid_step_after_a_gap_loses_only_what_the_network_dropped():

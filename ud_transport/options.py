@@ -45,9 +45,9 @@ class Options:
         Microseconds to spin for the next datagram before sleeping (hurts when ranks share
         cores).
     idle_close_us : int, default 20000
-        Microseconds without arrivals after which a step with a gap asks its sender whether it
-        is done with the step (it closes on the answer, never on the silence; 0: do not ask
-        early, only at the step's share of the deadline).
+        Microseconds without arrivals after which a step still missing chunks asks its sender
+        whether it is done with the step (it closes on the answer, never on the silence; 0: ask
+        only at the step's share of the deadline).
     deadline_cap_s : float, default 30.0
         Seconds: the adaptive default deadline never exceeds this; also ``agree()``'s default
         deadline. ``UD_DEADLINE_CAP``.

@@ -85,8 +85,8 @@ class CollectiveStats:
         Receive steps with missing chunks, by how they closed: by the sender's END marker (its
         verdict message, or all it announced having come), by data of a later step, by the
         sender's answer to a JOIN request saying it sends nothing more of the step (asked at the
-        step's share of the deadline, or after ``Options.idle_close_us`` without arrivals after
-        a gap), or by the call's deadline.
+        step's share of the deadline, or after ``Options.idle_close_us`` without arrivals), or by
+        the call's deadline.
     idle_waits : int
         Times the engine slept waiting for the network.
     credit_stalls : int
