@@ -878,18 +878,22 @@ static uint64_t announced_end_ns(const struct step_state *s)
  * paused mid-step lost the rest of its block (4 ranks on a bridge, with a credit
  * policy that made senders pause more: 22 datagrams dropped on the wire became
  * 6,812 chunks lost; tests/test_busy_sender.py stops a sender for 0.5 s). */
-static int sender_to_ask(const struct call *c, const struct udt_comm *comm, uint64_t now)
+static uint64_t ask_due_ns(const struct call *c, const struct udt_comm *comm)
 {
     if (c->recv_step >= c->schedule.steps)
-        return 0;
+        return UINT64_MAX;
     uint32_t g = c->recv_step;
     int32_t p = c->step[g].recv_peer;
     if (p == UDT_NO_PEER || c->state[g].expected == 0 || comm->peers[p].reported_sent > g || comm->peers[p].finished)
-        return 0;
+        return UINT64_MAX;
+    uint64_t due = c->all_heard_ns ? c->step_deadline_ns : UINT64_MAX;
     uint64_t quiet_since = step_quiet_since(c, g);
-    return (c->all_heard_ns && now >= c->step_deadline_ns) ||
-           (quiet_since && now - quiet_since >= us(comm->options.idle_close_us));
+    if (quiet_since && quiet_since + us(comm->options.idle_close_us) < due)
+        due = quiet_since + us(comm->options.idle_close_us);
+    return due;
 }
+
+static int sender_to_ask(const struct call *c, const struct udt_comm *comm, uint64_t now) { return now >= ask_due_ns(c, comm); }
 
 static int ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now)
 {
@@ -1396,16 +1400,11 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
         return wake;
     const struct step_state *s = &c->state[c->recv_step];
     int32_t p = c->step[c->recv_step].recv_peer;
-    uint64_t idle = step_quiet_since(c, c->recv_step);
-    if (sender_to_ask(c, comm, now)) {
-        if (comm->peers[p].join_request_ns < wake)
-            wake = comm->peers[p].join_request_ns;
-    } else if (p != UDT_NO_PEER) {
-        if (c->all_heard_ns && c->step_deadline_ns < wake)
-            wake = c->step_deadline_ns;
-        if (idle && idle + us(comm->options.idle_close_us) < wake)
-            wake = idle + us(comm->options.idle_close_us);
-    }
+    /* one rule, one place: the sleep and the asking use the same due time */
+    uint64_t ask_due = ask_due_ns(c, comm);
+    uint64_t due = now >= ask_due ? comm->peers[p].join_request_ns : ask_due;
+    if (due < wake)
+        wake = due;
     /* A credit goes out no sooner than the next walk (grant_credits waits a refresh interval
      * between walks unless an arrival moved something, which wakes us anyway). A sender the
      * last walk left without credit (the window went to earlier steps) has an old or no grant
