@@ -1,0 +1,96 @@
+"""Re-measure the wire benchmark's targets (issue 8) in one go and print one table.
+
+Each case is one run of `python -m ud_transport bench ... --json FILE`, ud_transport and Gloo
+taking turns call by call in that run; every ratio compares figures of the same run. Needs root
+(network namespaces, nftables); the bench itself says it skipped without.
+
+    python3 scripts/wire_targets.py                     # every case, 100 iterations each
+    python3 scripts/wire_targets.py --only veth1500,bridge4 --iterations 100
+    python3 scripts/wire_targets.py --with-many-ranks   # also 8 and 16 ranks on the bridge (16 MiB)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# name: (bench arguments, what is checked, the target)
+CASES = {
+    "loopback": ("--sizes 64M", "p50", 0.6),
+    "veth1500": ("--hosts veth --mtu 1500 --sizes 64M", "p50", 1.0),
+    "veth9000": ("--hosts veth --mtu 9000 --sizes 64M", "p50", 0.7),
+    "bridge4": ("--hosts veth --mtu 1500 --world-size 4 --sizes 64M", "p50", 1.0),
+    "loss_loopback": ("--kernel-loss 0.01 --sizes 64M", "tail", None),
+    "loss_veth1500": ("--hosts veth --mtu 1500 --kernel-loss 0.01 --sizes 64M", "tail", None),
+}
+MANY_RANKS = {
+    "bridge8": ("--hosts veth --mtu 1500 --world-size 8 --sizes 16M --algorithm auto,ring", "p50", None),
+    "bridge16": ("--hosts veth --mtu 1500 --world-size 16 --sizes 16M --algorithm auto,ring", "p50", None),
+}
+TAIL_OWN, TAIL_GLOO = 1.5, 3.0  # ud p99 <= 1.5x its own p50; Gloo's p99 >= 3x ud's
+
+
+def run_case(name, arguments, iterations, directory):
+    out = os.path.join(directory, f"{name}.json")
+    command = [sys.executable, "-m", "ud_transport", "bench", *arguments.split(), "--iterations", str(iterations),
+               "--no-progress", "--json", out]
+    print(f"## {name}: {' '.join(command[1:])}", flush=True)
+    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(finished.stdout, flush=True)
+    if finished.returncode != 0 or not os.path.exists(out):
+        return None
+    with open(out) as f:
+        return json.load(f)["rows"]
+
+
+def verdicts(name, check, target, rows):
+    gloo = next((r for r in rows if r["backend"] == "gloo"), None)
+    lines = []
+    for r in rows:
+        if r["backend"] == "gloo" or gloo is None:
+            continue
+        p50, p99 = r["p50_ms"] / gloo["p50_ms"], r["p99_ms"] / gloo["p99_ms"]
+        cells = [name, r["backend"], f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}", f"{gloo['p50_ms']:.1f} / {gloo['p99_ms']:.1f}",
+                 f"{p50:.2f}x, {p99:.2f}x", f"{r['delivered_percent']:.3f}"]
+        if check == "tail":
+            own, gloo_over = r["p99_ms"] / r["p50_ms"], gloo["p99_ms"] / r["p99_ms"]
+            met = own <= TAIL_OWN and gloo_over >= TAIL_GLOO
+            cells.append(f"ud p99/p50 {own:.2f} (<= {TAIL_OWN}), Gloo p99/ud p99 {gloo_over:.2f} (>= {TAIL_GLOO}): "
+                         f"{'met' if met else 'not met'}")
+        elif target is not None:
+            cells.append(f"p50 <= {target}x: {'met' if p50 <= target else 'not met'}")
+        else:
+            cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join([*CASES, *MANY_RANKS]))
+    parser.add_argument("--with-many-ranks", action="store_true", help="also 8 and 16 ranks on the bridge")
+    args = parser.parse_args()
+    cases = dict(CASES, **(MANY_RANKS if args.with_many_ranks else {}))
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = [w for w in wanted if w not in CASES and w not in MANY_RANKS]
+        if unknown:
+            parser.error(f"unknown case(s): {', '.join(unknown)}")
+        cases = {w: {**CASES, **MANY_RANKS}[w] for w in wanted}
+    table = ["| case | backend | ud p50 / p99 ms | Gloo p50 / p99 ms | ud / Gloo p50, p99 | delivered % | target |",
+             "|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory(prefix="wire-targets-") as directory:
+        for name, (arguments, check, target) in cases.items():
+            rows = run_case(name, arguments, args.iterations, directory)
+            if rows is None:
+                table.append(f"| {name} | (the run failed or skipped; its output is above) | | | | | |")
+                continue
+            table.extend(verdicts(name, check, target, rows))
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
