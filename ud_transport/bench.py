@@ -73,6 +73,22 @@ def progress_bar(total, wanted):
     return tqdm(total=total, desc="allreduce", unit="call", file=sys.stderr, leave=False)
 
 
+def copy_time_ms(nbytes=64 << 20, repeats=20):
+    """Median time of one copy of `nbytes` between two buffers on this machine. ud_transport makes
+    more passes over memory per call than Gloo (its scratch, then the copy into the caller's tensor
+    that keeps the tensor untouched on failure), so its ratio to Gloo depends on how fast memory
+    is; printed with every run so ratios from different machines can be told apart."""
+    source = np.ones(nbytes // 4, dtype=np.float32)
+    target = np.empty_like(source)
+    np.copyto(target, source)  # fault the pages in
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
 def store_barrier(store, rank, world_size, name):
     """Line the ranks up through the store, whose port is exempt from injected
     kernel loss: a barrier over a lossy link would start ranks skewed by TCP
@@ -312,12 +328,14 @@ def main(argv=None):
             if made:
                 made.close()
     rows = summarize(per_rank, args.world_size)
+    copy_ms = copy_time_ms()
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else
                  f"injected {args.loss_model} loss, mean {inject.mean_loss:.2%} (ud_transport only)" if inject else "no loss")
     if hosts and not inject:
         where, loss_note = where.removesuffix(", no loss"), ("no loss" if not args.kernel_loss else "")
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note + ', ' if loss_note else ''}"
           f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
+    print(f"# this machine: one 64 MiB memory copy takes {copy_ms:.1f} ms (median of 20)")
     print(format_table(rows, args.dtype))
     for line in ratios_to_gloo(rows):
         print(line)
@@ -329,7 +347,7 @@ def main(argv=None):
           "(the first, warm-up call includes ud_transport's scratch, which it then keeps)")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(dict(arguments=vars(args), rows=rows, per_rank=per_rank), out)
+            json.dump(dict(arguments=vars(args), rows=rows, per_rank=per_rank, copy_64mib_ms=copy_ms), out)
     return 0
 
 
