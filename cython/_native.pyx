@@ -277,7 +277,8 @@ cdef class Engine:
             uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1):
         """Run one collective. Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
-        chunk_mask_bytes) is written only when status is STATUS_OK."""
+        chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
+        holds what it held before (an allreduce in place is put back: engine.h)."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef udt_collective_args args

@@ -101,6 +101,35 @@ static const uint8_t *input_at(const struct call *c, uint64_t element)
     return (const uint8_t *)c->args.input + offset * c->wire_bytes;
 }
 
+/* In place, a chunk's original goes to the scratch before the tensor changes: read from there
+ * as our input once saved, and put back if the call fails (restore_originals). Sending a chunk
+ * saves it too, so the tensor is read once for both while it is in cache. The chunks after it
+ * in its block go with it while they are unsaved (so unchanged): one copy of up to 64 KiB, not
+ * one per MTU-sized chunk. */
+static void save_original(struct call *c, uint32_t block, uint32_t chunk)
+{
+    uint64_t base = c->chunk_base[block];
+    if (!c->in_place || (c->chunk_flags[base + chunk] & ORIGINAL_SAVED))
+        return;
+    uint32_t end = chunk, chunks = chunks_in_block(c, block);
+    uint64_t bytes = 0;
+    do {
+        c->chunk_flags[base + end] |= ORIGINAL_SAVED;
+        bytes += chunk_length(c, block, end) * c->wire_bytes;
+        end++;
+    } while (end < chunks && bytes < SAVE_AHEAD_BYTES && !(c->chunk_flags[base + end] & ORIGINAL_SAVED));
+    uint64_t first = chunk_first_element(c, block, chunk);
+    memcpy(c->saved + first * c->wire_bytes, c->accum + first * c->wire_bytes, bytes);
+}
+
+/* Our input for a chunk: the caller's, or in place its saved copy once there is one. */
+static const uint8_t *original_at(const struct call *c, uint64_t id, uint64_t first)
+{
+    if (c->in_place && (c->chunk_flags[id] & ORIGINAL_SAVED))
+        return c->saved + first * c->wire_bytes;
+    return input_at(c, first);
+}
+
 static int reduces(const struct call *c) { return c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER; }
 static int gathers(const struct call *c) { return c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE; }
 
@@ -335,7 +364,8 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         udt_wire_encode(&h, comm->headers[b->n]);
         const void *payload;
         if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
-            payload = input_at(c, first); /* our own input, untouched: straight from the caller's memory */
+            save_original(c, block, chunk);
+            payload = original_at(c, id, first); /* our own input, untouched */
         } else if (identity) {
             payload = c->accum + first * c->accum_bytes;
         } else {
@@ -508,6 +538,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     uint64_t id = c->chunk_base[block] + h->chunk_index;
     uint64_t first = chunk_first_element(c, block, h->chunk_index), elements = chunk_length(c, block, h->chunk_index);
     uint8_t *target = c->accum + first * c->accum_bytes;
+    save_original(c, block, h->chunk_index);
     if (step->recv_mode == UDT_RECV_OVERWRITE) {
         udt_unpack(c->args.dtype, target, payload, elements);
         c->final_count[id] = h->contributions;
@@ -515,7 +546,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
         if (c->chunk_flags[id] & SCRATCH_VALID)
             udt_add(c->args.dtype, target, payload, elements);
         else
-            udt_add_into(c->args.dtype, target, input_at(c, first), payload, elements);
+            udt_add_into(c->args.dtype, target, original_at(c, id, first), payload, elements);
         c->rs_count[id] = (uint16_t)(c->rs_count[id] + h->contributions);
     }
     c->chunk_flags[id] |= SCRATCH_VALID;
@@ -814,8 +845,10 @@ static void finalize_owned_block(struct call *c)
         uint64_t id = base + chunk;
         uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
         uint8_t *value = c->accum + first * c->accum_bytes;
+        save_original(c, block, chunk);
         if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
-            udt_load(c->args.dtype, value, input_at(c, first), elements);
+            if (!c->in_place) /* in place the tensor holds our input already */
+                udt_load(c->args.dtype, value, input_at(c, first), elements);
             c->chunk_flags[id] |= SCRATCH_VALID;
         }
         if (c->args.estimator == UDT_ESTIMATOR_UNBIASED && c->rs_count[id] != c->n)
@@ -1029,6 +1062,8 @@ static void flush_run(const struct call *c, struct write_run *r)
 {
     switch (r->kind) {
     case WRITE_STORE:
+        if (r->src == r->out && r->factor == 1.0)
+            break; /* in place: the value is where it belongs */
         udt_store(c->args.dtype, r->out, r->src, r->elements, r->factor);
         break;
     case WRITE_RESCALE:
@@ -1146,6 +1181,25 @@ static void write_chunk_mask(struct call *c)
     }
 }
 
+/* In place, a call that fails leaves the tensor as it found it: every chunk saved is put back
+ * (a saved chunk may not have changed; putting it back is then harmless). */
+static void restore_originals(struct call *c)
+{
+    if (!c->in_place)
+        return;
+    for (uint32_t block = 0; block < c->n; block++)
+        for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
+            uint64_t id = c->chunk_base[block] + chunk;
+            if (!(c->chunk_flags[id] & ORIGINAL_SAVED))
+                continue;
+            uint64_t first = chunk_first_element(c, block, chunk);
+            memcpy(c->accum + first * c->wire_bytes, c->saved + first * c->wire_bytes,
+                   chunk_length(c, block, chunk) * c->wire_bytes);
+            c->chunk_flags[id] &= (uint8_t)~ORIGINAL_SAVED;
+        }
+    c->in_place = 0;
+}
+
 int udt_write_output(struct call *c)
 {
     if (c->args.chunk_mask)
@@ -1241,7 +1295,11 @@ static int prepare(struct udt_comm *comm, struct call *c)
         }
     }
 
-    c->accum = comm->scratch;
+    /* an allreduce in place accumulates in the caller's tensor and saves originals in the
+     * scratch: one pass over memory less than summing in the scratch and copying it out */
+    c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes;
+    c->accum = c->in_place ? (uint8_t *)a->output : comm->scratch;
+    c->saved = comm->scratch;
     c->rs_count = (uint16_t *)comm->chunk_state;
     c->final_count = c->rs_count + total_chunks;
     c->chunk_flags = (uint8_t *)(c->final_count + total_chunks);
@@ -1512,6 +1570,7 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
     if (c->phase != PHASE_DONE) {
         c->phase = PHASE_IDLE;
+        restore_originals(c);
         return fail(comm, UDT_ERR_TRANSPORT, "call abandoned before its verdict");
     }
     c->phase = PHASE_IDLE;
@@ -1520,6 +1579,8 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     int status = c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
     if (status == UDT_OK)
         udt_write_output(c);
+    else
+        restore_originals(c);
     return status;
 }
 
@@ -1538,6 +1599,7 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         rc = udt_call_progress(comm, now, &wake);
         if (rc < 0) {
             comm->call.phase = PHASE_IDLE;
+            restore_originals(&comm->call);
             comm->error = comm->transport->error;
             stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
             return UDT_ERR_TRANSPORT;
@@ -1558,6 +1620,7 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         stats->idle_waits++;
         if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0) {
             comm->call.phase = PHASE_IDLE;
+            restore_originals(&comm->call);
             comm->error = comm->transport->error;
             return UDT_ERR_TRANSPORT;
         }

@@ -133,7 +133,11 @@ const struct udt_error *udt_comm_error(const struct udt_comm *comm);
 int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence);
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
 
-/* Run one collective to the end. The output is written only on UDT_OK. */
+/* Run one collective to the end. On UDT_OK the output holds the result; on any other status it
+ * holds what it held before. An allreduce in place (input == output, a type summed as sent:
+ * float32, float64, int32) accumulates in the tensor itself during the call, each chunk's
+ * original saved in the scratch before its first write and put back if the call fails; other
+ * calls accumulate in the scratch and write the output only on UDT_OK. */
 int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
 /* The size args->chunk_mask must have for this collective and tensor (0: no mask offered). */
 uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
@@ -142,8 +146,9 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
 /* Stepping interface. start returns UDT_OK or an error (then no call is
  * active). progress returns 0 when nothing happened (sleep until *wake_ns
  * at the latest), 1 when something did, 2 when the call is over, <0 on a
- * transport error. finish writes the output (on success) and returns the
- * status. `now_ns` is any monotonic clock, the same for one call. */
+ * transport error. finish writes the output (on success), or puts an in-place
+ * allreduce's tensor back (on failure), and returns the status: a call started
+ * must be finished. `now_ns` is any monotonic clock, the same for one call. */
 int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats, uint64_t now_ns);
 int udt_call_progress(struct udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns);
 int udt_call_finish(struct udt_comm *comm, uint64_t now_ns);

@@ -15,7 +15,9 @@
 #define RECV_BATCH 16
 
 /* per-chunk flags */
-#define SCRATCH_VALID 1u /* scratch holds this chunk's current value; else the caller's input does */
+#define SCRATCH_VALID 1u /* the accumulator holds this chunk's current value; else the caller's input does */
+#define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy (save_original) */
+#define ORIGINAL_SAVED 2u /* in place: the chunk's original input is saved in the scratch */
 
 enum call_phase { PHASE_IDLE = 0, PHASE_DATA = 1, PHASE_VERDICT = 2, PHASE_DONE = 3 };
 
@@ -101,7 +103,10 @@ struct call {
     uint16_t *rs_count;          /* contributions summed in a chunk (reduce half) */
     uint16_t *final_count;       /* contributions in the fresh value of a chunk, 0 = not fresh */
     uint8_t *chunk_flags;
-    uint8_t *accum;
+    uint8_t *accum;              /* the scratch, or in place the caller's tensor itself */
+    uint8_t in_place;            /* an allreduce whose input is its output: the tensor accumulates, each
+                                  * chunk's original saved in the scratch before its first write */
+    uint8_t *saved;              /* in place: the originals (the scratch) */
     uint32_t recv_step;          /* lowest receive step not yet closed */
     uint64_t step_deadline_ns;
     uint64_t step_opened_ns;     /* when recv_step became the step we wait on (or everyone was heard) */

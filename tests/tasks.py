@@ -68,6 +68,25 @@ def allreduce_catching(comm, count, loss_budget, deadline):
     return bool(np.array_equal(tensor, original)), error, time.monotonic() - start
 
 
+def allreduce_restoring_bytes(comm, count, dtype, loss_budget, deadline):
+    """An allreduce expected to fail: returns (the tensor's bytes as given?, exception or None).
+    Floats include NaN, -0.0, infinities and a subnormal, which a value comparison would miss."""
+    rng = np.random.default_rng(comm.rank)
+    if np.dtype(dtype).kind == "f":
+        tensor = rng.standard_normal(count).astype(dtype)
+        specials = np.array([np.nan, -0.0, np.inf, -np.inf, np.finfo(dtype).tiny / 4], dtype=dtype)
+        tensor[: len(specials)] = specials
+    else:
+        tensor = rng.integers(-(2**31), 2**31 - 1, count, dtype=dtype)
+    original = tensor.tobytes()
+    try:
+        comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
+        error = None
+    except ud_transport.TransportError as caught:
+        error = caught
+    return tensor.tobytes() == original, error
+
+
 def address_of(comm):
     return comm.address, comm.chunk_bytes
 

@@ -24,6 +24,18 @@ def test_loss_beyond_budget_raises_and_keeps_the_input():
         assert unchanged
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_a_failed_allreduce_puts_back_the_very_bytes(dtype):
+    """An allreduce works in the caller's tensor and saves each chunk's original before its
+    first write. When it fails after data arrived and was summed in (loss beyond a zero budget),
+    every byte comes back: NaN payloads, -0.0 and subnormals included."""
+    cluster = get_cluster(LOSSY_WORLD, **LOSSY)
+    for same, error in cluster.run(tasks.allreduce_restoring_bytes, 3000, dtype, 0.0, 5.0):
+        assert isinstance(error, ud_transport.LossBudgetExceeded), repr(error)
+        assert error.stats.datagrams_received > 0, error.stats  # written in place before the verdict
+        assert same
+
+
 def test_within_budget_succeeds_under_the_same_loss():
     """Budget 0.9 under the loss at which a budget of 0.05 fails (above): every
     rank succeeds with the same agreed fractions, both within the budget and
