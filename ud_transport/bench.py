@@ -75,9 +75,10 @@ def progress_bar(total, wanted):
 
 def copy_time_ms(nbytes=64 << 20, repeats=20):
     """Median time of one copy of `nbytes` between two buffers on this machine. ud_transport makes
-    more passes over memory per call than Gloo (its scratch, then the copy into the caller's tensor
-    that keeps the tensor untouched on failure), so its ratio to Gloo depends on how fast memory
-    is; printed with every run so ratios from different machines can be told apart."""
+    more passes over memory per call than Gloo (the originals it saves so that a failed call can
+    put them back, or for other calls its scratch and the copy out of it), so its ratio to Gloo
+    depends on how fast memory is; printed with every run so ratios from different machines can be
+    told apart."""
     source = np.ones(nbytes // 4, dtype=np.float32)
     target = np.empty_like(source)
     np.copyto(target, source)  # fault the pages in

@@ -307,6 +307,8 @@ class Communicator:
         owner rescales what reached it by N / contributions; where the owner's result does not
         reach a rank, that rank keeps its own partial rescaled the same way (unbiased, noisier),
         or zero with ``estimator="zero_fill"``. The ranks agree on one verdict per call.
+        While the call runs the tensor holds partial sums; when it raises, the tensor holds the
+        values it was given (each chunk's original is saved before the call first writes it).
 
         Parameters
         ----------
