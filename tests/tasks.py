@@ -55,16 +55,21 @@ def repeated_trials(comm, inputs_per_rank, trials, loss_budget, estimator, fresh
     return np.array(results), np.array(inputs), np.array(fractions)
 
 
+def _allreduce_error(comm, tensor, loss_budget, deadline):
+    """The TransportError an allreduce raised, or None."""
+    try:
+        comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
+    except ud_transport.TransportError as caught:
+        return caught
+    return None
+
+
 def allreduce_catching(comm, count, loss_budget, deadline):
     """Returns (input unchanged?, exception or None, elapsed seconds)."""
     tensor = np.arange(count, dtype=np.float32) + comm.rank
     original = tensor.copy()
     start = time.monotonic()
-    try:
-        comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
-        error = None
-    except ud_transport.TransportError as caught:
-        error = caught
+    error = _allreduce_error(comm, tensor, loss_budget, deadline)
     return bool(np.array_equal(tensor, original)), error, time.monotonic() - start
 
 
@@ -79,11 +84,7 @@ def allreduce_restoring_bytes(comm, count, dtype, loss_budget, deadline):
     else:
         tensor = rng.integers(-(2**31), 2**31 - 1, count, dtype=dtype)
     original = tensor.tobytes()
-    try:
-        comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline)
-        error = None
-    except ud_transport.TransportError as caught:
-        error = caught
+    error = _allreduce_error(comm, tensor, loss_budget, deadline)
     return tensor.tobytes() == original, error
 
 
