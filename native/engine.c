@@ -1296,7 +1296,8 @@ static int prepare(struct udt_comm *comm, struct call *c)
     }
 
     /* an allreduce in place accumulates in the caller's tensor and saves originals in the
-     * scratch: one pass over memory less than summing in the scratch and copying it out */
+     * scratch as it first touches them (while in cache), instead of copying the scratch out at
+     * the end; as many bytes copied, fewer cache misses */
     c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes;
     c->accum = c->in_place ? (uint8_t *)a->output : comm->scratch;
     c->saved = comm->scratch;
@@ -1584,6 +1585,16 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     return status;
 }
 
+/* The transport failed mid-call: the call ends there, the tensor as it was given. */
+static int end_on_transport_error(struct udt_comm *comm)
+{
+    comm->call.phase = PHASE_IDLE;
+    restore_originals(&comm->call);
+    comm->error = comm->transport->error;
+    comm->call.stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
+    return UDT_ERR_TRANSPORT;
+}
+
 int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
 {
     uint64_t now = monotonic_ns();
@@ -1597,13 +1608,8 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         uint64_t wake = 0;
         now = monotonic_ns();
         rc = udt_call_progress(comm, now, &wake);
-        if (rc < 0) {
-            comm->call.phase = PHASE_IDLE;
-            restore_originals(&comm->call);
-            comm->error = comm->transport->error;
-            stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
-            return UDT_ERR_TRANSPORT;
-        }
+        if (rc < 0)
+            return end_on_transport_error(comm);
         if (rc == 2)
             break;
         if (rc == 1) {
@@ -1618,12 +1624,8 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
             continue;
         int64_t wait_us = wake > now ? (int64_t)((wake - now) / 1000) : 0;
         stats->idle_waits++;
-        if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0) {
-            comm->call.phase = PHASE_IDLE;
-            restore_originals(&comm->call);
-            comm->error = comm->transport->error;
-            return UDT_ERR_TRANSPORT;
-        }
+        if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0)
+            return end_on_transport_error(comm);
     }
     return udt_call_finish(comm, monotonic_ns());
 }

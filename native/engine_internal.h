@@ -13,10 +13,10 @@
 #define SEND_BATCH 32
 #endif
 #define RECV_BATCH 16
+#define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy at most this long (save_original) */
 
 /* per-chunk flags */
 #define SCRATCH_VALID 1u /* the accumulator holds this chunk's current value; else the caller's input does */
-#define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy (save_original) */
 #define ORIGINAL_SAVED 2u /* in place: the chunk's original input is saved in the scratch */
 
 enum call_phase { PHASE_IDLE = 0, PHASE_DATA = 1, PHASE_VERDICT = 2, PHASE_DONE = 3 };
