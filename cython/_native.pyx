@@ -208,7 +208,7 @@ ALGORITHM_RING = UDT_ALGORITHM_RING
 ALGORITHM_DIRECT = UDT_ALGORITHM_DIRECT
 
 ENGINE_OPTION_NAMES = ("chunk_bytes", "window_bytes", "end_repeats", "credit_refresh_us", "reorder_grace_us",
-                       "busy_poll_us", "idle_close_us", "agree_resend_us", "join_timeout_ms")
+                       "busy_poll_us", "idle_close_us", "agree_resend_us", "join_timeout_ms", "in_place_min_bytes")
 
 
 cdef udt_engine_options engine_options(dict values) except *:
@@ -227,6 +227,7 @@ cdef udt_engine_options engine_options(dict values) except *:
     options.idle_close_us = values["idle_close_us"]
     options.agree_resend_us = values["agree_resend_us"]
     options.join_timeout_ms = values["join_timeout_ms"]
+    options.in_place_min_bytes = values["in_place_min_bytes"]
     return options
 
 

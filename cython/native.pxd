@@ -126,6 +126,7 @@ cdef extern from "engine.h" nogil:
         uint32_t idle_close_us
         uint32_t agree_resend_us
         uint32_t join_timeout_ms
+        uint64_t in_place_min_bytes
 
     struct udt_collective_stats:
         double delivered_fraction
@@ -166,6 +167,7 @@ cdef extern from "engine.h" nogil:
         int32_t silent_rank
         int32_t mismatched_rank
         int32_t deadline_expired
+        int32_t in_place
 
     struct udt_collective_args:
         int collective

@@ -1297,8 +1297,12 @@ static int prepare(struct udt_comm *comm, struct call *c)
 
     /* an allreduce in place accumulates in the caller's tensor and saves originals in the
      * scratch as it first touches them (while in cache), instead of copying the scratch out at
-     * the end; as many bytes copied, fewer cache misses */
-    c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes;
+     * the end: as many bytes copied, fewer cache misses. Only for tensors too large for the
+     * cache: below, the saves on the send path cost more than one copy out at the end
+     * (2 ranks, loopback, 8 MiB: 11.8 against 8.5 ms; 64 MiB: 55 against 67 ms) */
+    c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes &&
+                  a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
+    c->stats->in_place = c->in_place;
     c->accum = c->in_place ? (uint8_t *)a->output : comm->scratch;
     c->saved = comm->scratch;
     c->rs_count = (uint16_t *)comm->chunk_state;

@@ -46,6 +46,7 @@ struct udt_engine_options {
     uint32_t idle_close_us;     /* an incomplete step asks its sender after this long without arrivals (0 = only at its share) */
     uint32_t agree_resend_us;   /* first resend interval of verdict messages (doubles, up to 16x) */
     uint32_t join_timeout_ms;  /* how long a call waits for every rank to join it before blaming the absent */
+    uint64_t in_place_min_bytes; /* an allreduce this large or larger sums in the caller's tensor (0: every one) */
 };
 
 struct udt_collective_args {
@@ -115,6 +116,7 @@ struct udt_collective_stats {
     int32_t silent_rank;         /* -1 when every peer was heard */
     int32_t mismatched_rank;     /* -1 unless a peer called with another layout */
     int32_t deadline_expired;
+    int32_t in_place;            /* the allreduce summed in the caller's tensor (Options.in_place_min_bytes) */
 };
 
 struct udt_comm;

@@ -4,6 +4,7 @@ follows the CLI conventions (issue 11): a bad value is one line on stderr and ex
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -13,9 +14,9 @@ from ud_transport import bench, cli, demo, info, simulate
 from ud_transport.rig import cli as rig_cli
 
 
-def run(*arguments, timeout=300):
+def run(*arguments, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "ud_transport", *arguments], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def test_demo_runs_and_reports_every_rank():
@@ -75,6 +76,12 @@ def test_info_shows_udp_batching_and_the_granted_receive_buffer():
     text = run("info").stdout
     assert f"GSO {'on' if udp['gso'] else 'off'}, GRO {'on' if udp['gro'] else 'off'}" in text
     assert f"receive buffer granted {udp['receive_buffer_bytes']} bytes" in text
+
+
+def test_info_says_from_what_size_an_allreduce_sums_in_place():
+    env = dict(os.environ, UD_IN_PLACE_MIN_BYTES="65536")
+    assert json.loads(run("info", "--json", env=env).stdout)["in_place_min_bytes"] == 65536
+    assert "in the caller's tensor from 65536 bytes up" in run("info", env=env).stdout
 
 
 def test_unknown_command_says_what_was_wrong_and_exits_2():

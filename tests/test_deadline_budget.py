@@ -25,14 +25,17 @@ def test_loss_beyond_budget_raises_and_keeps_the_input():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-def test_a_failed_allreduce_puts_back_the_very_bytes(dtype):
-    """An allreduce works in the caller's tensor and saves each chunk's original before its
-    first write. When it fails after data arrived and was summed in (loss beyond a zero budget),
-    every byte comes back: NaN payloads, -0.0 and subnormals included."""
-    cluster = get_cluster(LOSSY_WORLD, **LOSSY)
+@pytest.mark.parametrize("in_place_min_bytes, in_place", [(0, True), (1 << 40, False)])
+def test_a_failed_allreduce_puts_back_the_very_bytes(dtype, in_place_min_bytes, in_place):
+    """In place, an allreduce works in the caller's tensor and saves each chunk's original before
+    its first write; otherwise it sums in the scratch. When it fails after data arrived and was
+    summed in (loss beyond a zero budget), every byte comes back either way: NaN payloads, -0.0
+    and subnormals included."""
+    cluster = get_cluster(LOSSY_WORLD, in_place_min_bytes=in_place_min_bytes, **LOSSY)
     for same, error in cluster.run(tasks.allreduce_restoring_bytes, 3000, dtype, 0.0, 5.0):
         assert isinstance(error, ud_transport.LossBudgetExceeded), repr(error)
-        assert error.stats.datagrams_received > 0, error.stats  # written in place before the verdict
+        assert error.stats.datagrams_received > 0, error.stats  # summed in before the verdict
+        assert error.stats.in_place is in_place, error.stats
         assert same
 
 
@@ -67,16 +70,18 @@ def test_within_budget_succeeds_under_the_same_loss():
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 @pytest.mark.parametrize("how", ["budget", "layout"])
-def test_every_collective_keeps_its_tensors_on_error(how, algorithm):
+@pytest.mark.parametrize("in_place_min_bytes", [0, -1])
+def test_every_collective_keeps_its_tensors_on_error(how, algorithm, in_place_min_bytes):
     """allreduce, reduce_scatter, all_gather and broadcast that fail (loss over
     a zero budget at 30% loss; ranks calling with different sizes or roots)
     raise the same error on every rank and leave the tensor, and for
-    reduce_scatter and all_gather the input and the output, untouched."""
+    reduce_scatter and all_gather the input and the output, untouched; the
+    allreduce summing in place and in the scratch."""
     if how == "budget":
-        cluster = get_cluster(LOSSY_WORLD, **LOSSY)
+        cluster = get_cluster(LOSSY_WORLD, in_place_min_bytes=in_place_min_bytes, **LOSSY)
         want = "LossBudgetExceeded"
     else:
-        cluster = get_cluster(3, chunk_bytes=256)
+        cluster = get_cluster(3, chunk_bytes=256, in_place_min_bytes=in_place_min_bytes)
         want = "LayoutMismatch"
     per_rank = cluster.run(tasks.every_collective_failing, 2000, algorithm, how)
     for collective in per_rank[0]:

@@ -72,7 +72,9 @@ def test_a_rank_killed_mid_call_is_blamed_within_the_deadline_and_the_survivors_
     survivors form a new communicator whose allreduce is exact."""
     world, victim = 4, 3
     survivors = [0, 1, 2]
-    with LocalCluster(world, join_timeout_s=30.0) as cluster:
+    # in place (below the cache size a tensor sums in the scratch): partial sums are in the
+    # tensor when the call fails, and must be put back
+    with LocalCluster(world, join_timeout_s=30.0, in_place_min_bytes=0) as cluster:
         cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)
         cluster.connections[victim].send((fault_tasks.die_during_allreduce, (BIG, 0.3, 0.01)))
         outcomes = cluster.run(fault_tasks.allreduce_outcome, BIG, DEADLINE, ranks=survivors)
@@ -109,7 +111,7 @@ def test_a_rank_paused_past_the_deadline_is_blamed_as_silent_not_gone():
     never cleared and made later calls fail naming it): the next calls are exact
     on every rank and name no one."""
     world, paused = 3, 1
-    with LocalCluster(world, join_timeout_s=30.0) as cluster:
+    with LocalCluster(world, join_timeout_s=30.0, in_place_min_bytes=0) as cluster:  # in place, as above
         outcomes = cluster.run(fault_tasks.allreduce_outcome_with_a_pause, paused, BIG, 0.3, 0.01, 4.0, DEADLINE)
         after = cluster.run(fault_tasks.clean_calls, 1000, 3)
     for rank, calls in enumerate(after):

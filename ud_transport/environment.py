@@ -27,6 +27,8 @@ VARIABLES = (
     Variable("UD_STORE_TIMEOUT", (("option", "store_timeout_s"),), "60.0", "seconds within which every rendezvous failure is raised"),
     Variable("UD_ALGORITHM", (("option", "algorithm"),), "auto", "ring, direct or auto (by world size)"),
     Variable("UD_COPIES", (("option", "copies"),), "1", "times each data datagram is sent (1-4): lost only if every copy is"),
+    Variable("UD_IN_PLACE_MIN_BYTES", (("option", "in_place_min_bytes"),), "-1",
+             "an allreduce at least this large sums in the caller's tensor; -1 = the CPU's largest cache, 0 = every one"),
     Variable("UD_TRANSPORT", (("backend", "transport"),), "auto",
              "udp, verbs or auto (verbs when an RDMA port is active); overrides the transport argument"),
     Variable("UD_ON_BUDGET_MISS", (("backend", "on_budget_miss"),), "use", "c10d backend: use, skip or raise when a call misses its budget"),

@@ -52,6 +52,7 @@ def gather(device=None):
         except OSError as error:
             report["choice_problem"] = str(error)
     report["udp"] = udp_report()
+    report["in_place_min_bytes"] = options.build().resolved_in_place_min_bytes()
     report["transports"] = availability(report["udp"])
     try:
         report["transport"] = transports.choose("auto")
@@ -138,6 +139,8 @@ def render(report, out):
         if capped and udp["window_bytes"] < udp["window_bytes_asked"]:
             print(f"  the window was lowered to fit the buffer; `sysctl -w net.core.rmem_max={asked}` "
                   "would give the socket what it asks", file=out)
+    print(f"allreduce sums in the caller's tensor from {report['in_place_min_bytes']} bytes up, in the scratch below "
+          "(in_place_min_bytes / UD_IN_PLACE_MIN_BYTES; by default the CPU's largest cache)", file=out)
     print(f"transport='auto' resolves to: {report['transport']}"
           + (f" (UD_TRANSPORT={os.environ['UD_TRANSPORT']})" if os.environ.get("UD_TRANSPORT") else ""), file=out)
     print("override with device= / UD_DEVICE, port= / UD_PORT, gid_index= / UD_GID_INDEX", file=out)

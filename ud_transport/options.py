@@ -3,7 +3,7 @@ for scripts. Keyword arguments win over the environment."""
 import os
 from dataclasses import dataclass, field, fields, replace
 
-from . import _native, environment
+from . import _native, cpu_cache, environment
 
 MIB = 1 << 20
 
@@ -93,6 +93,14 @@ class Options:
     receive_depth : int, default 0
         Verbs only: receives kept posted; 0 takes enough for `window_bytes`. At most what the
         device allows.
+    in_place_min_bytes : int, default -1
+        An allreduce of a tensor at least this many bytes sums in the caller's tensor, saving
+        each chunk's original before its first change (put back if the call fails); a smaller
+        one sums in the communicator's scratch and copies the result out at the end. -1 takes
+        the size of the CPU's largest cache (``ud_transport.cpu_cache``): in cache the copy at
+        the end is cheaper, beyond it summing in place saves cache misses. 0: every allreduce
+        in place. Either way the tensor holds the result after a successful call and its
+        original values after a failed one. ``UD_IN_PLACE_MIN_BYTES``.
 
     Raises
     ------
@@ -130,6 +138,7 @@ class Options:
     port: int = 0
     gid_index: int = -1
     receive_depth: int = 0
+    in_place_min_bytes: int = -1
 
     def validate(self):
         """Returns self, or raises ValueError naming the first field out of range."""
@@ -148,6 +157,8 @@ class Options:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         check_copies(self.copies)
+        if not -1 <= self.in_place_min_bytes < 1 << 63:
+            raise ValueError(f"in_place_min_bytes must be -1 (the CPU's largest cache) or a byte count, got {self.in_place_min_bytes!r}")
         if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
@@ -157,7 +168,12 @@ class Options:
         return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or self.window_bytes, "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
-                "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000)}
+                "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000),
+                "in_place_min_bytes": self.resolved_in_place_min_bytes()}
+
+    def resolved_in_place_min_bytes(self):
+        """in_place_min_bytes with -1 replaced by the size of the CPU's largest cache."""
+        return cpu_cache.largest_cache_bytes() if self.in_place_min_bytes == -1 else self.in_place_min_bytes
 
 
 def check_copies(copies):

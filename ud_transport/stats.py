@@ -95,6 +95,9 @@ class CollectiveStats:
         The maximum over ranks of ``agree()``'s value (0 for other collectives).
     deadline_expired : bool
         The data phase reached its deadline.
+    in_place : bool
+        An allreduce that summed in the caller's tensor (at least ``Options.in_place_min_bytes``),
+        not in the scratch.
     silent_rank : int
         A rank not heard from (the one a PeerTimeout names); -1 when every peer was heard.
     mismatched_rank : int
@@ -150,6 +153,7 @@ class CollectiveStats:
     credit_stalls: int
     agreed_value: int
     deadline_expired: bool
+    in_place: bool
     silent_rank: int
     mismatched_rank: int
     collective: str = ""
@@ -196,6 +200,7 @@ class CollectiveStats:
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in names}
         values["deadline_expired"] = bool(values["deadline_expired"])
+        values["in_place"] = bool(values["in_place"])
         return cls(**values, **labels)
 
 

@@ -1,0 +1,57 @@
+"""Where an allreduce sums: in the caller's tensor when it is at least
+Options.in_place_min_bytes (by default the CPU's largest cache), else in the
+scratch with a copy out at the end. Both give the exact result, and the stats
+say which ran (a failed call puts the tensor back either way:
+test_deadline_budget.py)."""
+import numpy as np
+import pytest
+
+import tasks
+from conftest import get_cluster
+from support import expected_allreduce
+from ud_transport import cpu_cache, options as options_module
+
+COUNT = 3000  # float32: 12000 bytes
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("in_place_min_bytes, in_place", [(0, True), (1 << 40, False)])
+def test_both_paths_give_the_exact_sum(world, dtype, in_place_min_bytes, in_place):
+    cluster = get_cluster(world, chunk_bytes=512, in_place_min_bytes=in_place_min_bytes)
+    for result, stats in cluster.run(tasks.allreduce_values, COUNT, dtype, "sum"):
+        assert stats.in_place is in_place, stats
+        np.testing.assert_array_equal(result, expected_allreduce(world, COUNT).astype(dtype))
+
+
+def test_the_threshold_is_the_tensor_size_in_bytes():
+    """A float32 tensor of exactly in_place_min_bytes sums in place, one element more than the
+    tensor is not enough; float16 never does (it sums in a float32 scratch)."""
+    bytes_ = COUNT * 4
+    for threshold, dtype, expected in [(bytes_, "float32", True), (bytes_ + 1, "float32", False),
+                                       (0, "float16", False)]:
+        cluster = get_cluster(2, in_place_min_bytes=threshold)
+        for _, stats in cluster.run(tasks.allreduce_values, COUNT, dtype, "sum"):
+            assert stats.in_place is expected, (threshold, dtype, stats)
+
+
+def test_by_default_a_tensor_smaller_than_the_cache_sums_in_the_scratch():
+    assert options_module.build().resolved_in_place_min_bytes() == cpu_cache.largest_cache_bytes()
+    for _, stats in get_cluster(2).run(tasks.allreduce_values, COUNT, "float32", "sum"):
+        assert stats.in_place is False, stats
+
+
+def test_the_largest_cache_is_read_from_sysfs(tmp_path):
+    for index, size in enumerate(["32K", "512K", "32768K", "garbage"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    (tmp_path / "uevent").write_text("")
+    assert cpu_cache.largest_cache_bytes(str(tmp_path)) == 32 << 20
+    assert cpu_cache.largest_cache_bytes(str(tmp_path / "absent")) == cpu_cache.FALLBACK_BYTES
+    assert cpu_cache.parse_size("1M") == 1 << 20 and cpu_cache.parse_size("4096") == 4096
+    assert cpu_cache.parse_size("K") is None
+
+
+def test_a_threshold_below_minus_one_is_refused():
+    with pytest.raises(ValueError, match="in_place_min_bytes"):
+        options_module.build(in_place_min_bytes=-2)
