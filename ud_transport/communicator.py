@@ -307,8 +307,9 @@ class Communicator:
         owner rescales what reached it by N / contributions; where the owner's result does not
         reach a rank, that rank keeps its own partial rescaled the same way (unbiased, noisier),
         or zero with ``estimator="zero_fill"``. The ranks agree on one verdict per call.
-        While the call runs the tensor holds partial sums; when it raises, the tensor holds the
-        values it was given (each chunk's original is saved before the call first writes it).
+        While the call runs the tensor may hold partial sums (from ``Options.in_place_min_bytes``
+        up the call sums in it, saving each chunk's original before it first writes it); when it
+        raises, the tensor holds the values it was given.
 
         Parameters
         ----------
