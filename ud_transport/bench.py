@@ -19,23 +19,8 @@ import time
 import numpy as np
 
 from . import loss_models
+from .sizes import human, parse_size
 from .arguments import ArgumentParser, comma_separated, fraction, integer, one_of, positive_number, start_cluster
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
-
-
-def human(nbytes):
-    for unit in ("G", "M", "K"):
-        if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
-            return f"{nbytes // UNITS[unit]}{unit}"
-    return str(nbytes)
-
 
 def rank_input(seed, rank, count, dtype):
     values = np.random.default_rng([seed, rank, count]).standard_normal(count)

@@ -3,17 +3,18 @@ sums in the caller's tensor (Options.in_place_min_bytes), a smaller one in the s
 import functools
 import os
 
+from . import sizes
+
 CACHE_DIRECTORY = "/sys/devices/system/cpu/cpu0/cache"
 FALLBACK_BYTES = 32 << 20  # where the kernel does not say (not Linux, or no sysfs)
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text):
     """Bytes of a sysfs cache size such as "32768K"; None if it is not one."""
-    text = text.strip()
-    unit = UNITS.get(text[-1:].upper(), 1)
-    digits = text[:-1] if text[-1:].upper() in UNITS else text
-    return int(digits) * unit if digits.isdigit() else None
+    try:
+        return sizes.parse_size(text)
+    except ValueError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
