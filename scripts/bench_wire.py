@@ -7,11 +7,16 @@ and runs the receiver in host 1 and the sender in host 0 for a few seconds per c
 sender sends as fast as the socket takes datagrams, in batches like the engine's; the
 receiver counts what arrived, in order, at the right size. Reported: GB/s delivered
 (header + payload bytes of datagrams the receiver got, per second), the median of
---repeats runs, and what the sender offered.
+--repeats runs, what the sender offered, and CPU seconds per GB delivered (the whole
+machine's busy time, which includes the kernel's packet work in softirqs, and the two
+programs' own). The variants `raw` and `raw+zerocopy` use a sender of the program's own,
+one 64 KB GSO message per sendmsg, without and with MSG_ZEROCOPY; "zc copied" is the
+share of zerocopy sends the kernel reports it copied after all.
 
     python3 scripts/bench_wire.py                       # both MTUs, all variants
     python3 scripts/bench_wire.py --mtu 1500 --variants plain,gso+gro --seconds 2
     python3 scripts/bench_wire.py --fill                # payload a granted receive buffer holds
+    python3 scripts/bench_wire.py --variants raw,raw+zerocopy --repeats 5   # MSG_ZEROCOPY
 
 Needs root (network namespaces) and a C compiler.
 """
@@ -35,7 +40,11 @@ VARIANTS = {  # name -> environment of both programs
     "gso": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "0"},
     "gro": {"UD_UDP_GSO": "0", "UD_UDP_GRO": "1"},
     "gso+gro": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "1"},
+    # a sender of the program's own (one 64 KB GSO message per sendmsg), with and without MSG_ZEROCOPY
+    "raw": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "1"},
+    "raw+zerocopy": {"UD_UDP_GSO": "1", "UD_UDP_GRO": "1"},
 }
+SENDER_MODE = {"raw": "rawsend", "raw+zerocopy": "zerocopy"}  # others send through native/transport_udp.c
 HEADER_BYTES = 32  # the wire header's size; the program fills its first 8 bytes with a sequence number
 PORT_RECEIVER, PORT_SENDER = 47001, 47002
 
@@ -75,10 +84,137 @@ static void print_common(struct udt_transport *t)
            (unsigned long long)c.recv_gro_datagrams);
 }
 
+/* A UDP GSO sender of its own, with or without MSG_ZEROCOPY, so that the two differ only in that flag.
+ * Messages of `per_message` datagrams are laid out back to back in a ring of `ring` messages; each
+ * datagram starts with its sequence number. With zerocopy, the kernel holds the pages until it
+ * reports the send complete (on the socket's error queue), so a ring slot is rewritten only after. */
+#include <linux/errqueue.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef SO_ZEROCOPY
+#define SO_ZEROCOPY 60
+#endif
+#ifndef MSG_ZEROCOPY
+#define MSG_ZEROCOPY 0x4000000
+#endif
+#ifndef SO_EE_ORIGIN_ZEROCOPY
+#define SO_EE_ORIGIN_ZEROCOPY 5
+#endif
+#ifndef SO_EE_CODE_ZEROCOPY_COPIED
+#define SO_EE_CODE_ZEROCOPY_COPIED 1
+#endif
+
+struct completions {
+    uint64_t through, notices, copied; /* sends [0, through) are complete */
+};
+
+static int reap(int fd, struct completions *z)
+{
+    for (;;) {
+        char control[128];
+        struct msghdr m = {.msg_control = control, .msg_controllen = sizeof control};
+        if (recvmsg(fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+            return errno == EAGAIN ? 0 : -1;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+            struct sock_extended_err *e = (struct sock_extended_err *)CMSG_DATA(c);
+            if (e->ee_origin != SO_EE_ORIGIN_ZEROCOPY)
+                continue;
+            z->notices++; /* sends ee_info..ee_data completed, in order per socket */
+            if (e->ee_code & SO_EE_CODE_ZEROCOPY_COPIED)
+                z->copied += (uint64_t)(e->ee_data - e->ee_info) + 1;
+            if ((uint64_t)e->ee_data + 1 > z->through)
+                z->through = (uint64_t)e->ee_data + 1;
+        }
+    }
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
+static int raw_send(char **argv, double seconds, uint32_t datagram, int zerocopy)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM, 0), one = 1, segment = (int)datagram, buffer = 64 << 20;
+    struct sockaddr_in self = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[3]))};
+    struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[5]))};
+    inet_pton(AF_INET, argv[2], &self.sin_addr);
+    inet_pton(AF_INET, argv[4], &peer.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&self, sizeof self) || connect(fd, (struct sockaddr *)&peer, sizeof peer) ||
+        setsockopt(fd, SOL_UDP, UDP_SEGMENT, &segment, sizeof segment) ||
+        (zerocopy && setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof one))) {
+        perror("raw sender socket");
+        return 1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer);
+    enum { RING = 1024 };
+    uint32_t per_message = 65000 / datagram;
+    size_t message_bytes = (size_t)per_message * datagram;
+    uint8_t *ring = calloc(RING, message_bytes);
+    struct completions z = {0};
+    uint64_t sequence = 0, sends = 0, waits = 0;
+    double start = now(), end = start + seconds, cpu = cpu_seconds();
+    while (now() < end) {
+        if (zerocopy) {
+            if (reap(fd, &z) < 0)
+                return perror("reap"), 1;
+            while (sends >= z.through + RING) { /* the slot's last send is still the kernel's */
+                struct pollfd p = {.fd = fd, .events = 0};
+                poll(&p, 1, 10);
+                waits++;
+                if (reap(fd, &z) < 0)
+                    return perror("reap"), 1;
+            }
+        }
+        uint8_t *message = ring + (size_t)(sends % RING) * message_bytes;
+        for (uint32_t i = 0; i < per_message; i++) {
+            uint64_t s = sequence + i;
+            memcpy(message + (size_t)i * datagram, &s, sizeof s);
+        }
+        struct iovec v = {.iov_base = message, .iov_len = message_bytes};
+        struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+        if (sendmsg(fd, &m, zerocopy ? MSG_ZEROCOPY : 0) < 0) {
+            if (errno == ENOBUFS || errno == EAGAIN) { /* out of option memory for notifications */
+                waits++;
+                reap(fd, &z);
+                continue;
+            }
+            return perror("sendmsg"), 1;
+        }
+        sends++;
+        sequence += per_message;
+    }
+    double elapsed = now() - start;
+    cpu = cpu_seconds() - cpu;
+    for (int i = 0; zerocopy && z.through < sends && i < 200; i++) { /* collect the last notifications */
+        struct pollfd p = {.fd = fd, .events = 0};
+        poll(&p, 1, 10);
+        reap(fd, &z);
+    }
+    printf("{\"mode\": \"%s\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, "
+           "\"cpu_seconds\": %.4f, \"send_calls\": %llu, \"send_gso_messages\": %llu, \"send_gso_datagrams\": %llu, "
+           "\"zerocopy_complete\": %llu, \"zerocopy_copied\": %llu, \"zerocopy_notices\": %llu, \"waits\": %llu}\n",
+           zerocopy ? "zerocopy" : "copy", (unsigned long long)sequence, (unsigned long long)sequence * datagram, elapsed,
+           sequence * (double)datagram / elapsed / 1e9, cpu, (unsigned long long)sends, (unsigned long long)sends,
+           (unsigned long long)sequence, (unsigned long long)z.through, (unsigned long long)z.copied,
+           (unsigned long long)z.notices, (unsigned long long)waits);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 8) {
-        fprintf(stderr, "usage: %s send|recv|fill BIND PORT PEER PEER_PORT SECONDS DATAGRAM_BYTES [BATCH] [BUFFER]\n", argv[0]);
+        fprintf(stderr, "usage: %s send|rawsend|zerocopy|recv|fill BIND PORT PEER PEER_PORT SECONDS DATAGRAM_BYTES [BATCH] [BUFFER]\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1];
@@ -86,6 +222,9 @@ int main(int argc, char **argv)
     uint32_t datagram = (uint32_t)atoi(argv[7]);
     int batch = argc > 8 ? atoi(argv[8]) : 64;
     uint32_t buffer = argc > 9 ? (uint32_t)strtoul(argv[9], NULL, 0) : 64u << 20;
+    if (!strcmp(mode, "rawsend") || !strcmp(mode, "zerocopy"))
+        return raw_send(argv, seconds, datagram, !strcmp(mode, "zerocopy"));
+    double cpu = cpu_seconds();
     struct udt_error error = {0};
     struct udt_transport *t = udt_udp_open(argv[2], (uint16_t)atoi(argv[3]), buffer, &error);
     if (!t) {
@@ -134,9 +273,9 @@ int main(int argc, char **argv)
             sequence += (uint64_t)batch;
         }
         double elapsed = now() - start;
-        printf("{\"mode\": \"send\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, \"full_spins\": %llu, ",
+        printf("{\"mode\": \"send\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, \"full_spins\": %llu, \"cpu_seconds\": %.4f, ",
                (unsigned long long)sequence, (unsigned long long)sequence * datagram, elapsed,
-               sequence * (double)datagram / elapsed / 1e9, (unsigned long long)spins);
+               sequence * (double)datagram / elapsed / 1e9, (unsigned long long)spins, cpu_seconds() - cpu);
         print_common(t);
         printf("}\n");
         return 0;
@@ -194,9 +333,10 @@ int main(int argc, char **argv)
     }
     double elapsed = last > first ? last - first : 1e-9;
     printf("{\"mode\": \"%s\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, "
-           "\"lost_before_last\": %llu, \"reordered\": %llu, \"wrong_size\": %llu, \"foreign\": %llu, ",
+           "\"lost_before_last\": %llu, \"reordered\": %llu, \"wrong_size\": %llu, \"foreign\": %llu, \"cpu_seconds\": %.4f, ",
            mode, (unsigned long long)datagrams, (unsigned long long)bytes, elapsed, bytes / elapsed / 1e9,
-           (unsigned long long)gaps, (unsigned long long)reordered, (unsigned long long)wrong_size, (unsigned long long)foreign);
+           (unsigned long long)gaps, (unsigned long long)reordered, (unsigned long long)wrong_size, (unsigned long long)foreign,
+           cpu_seconds() - cpu);
     print_common(t);
     printf("}\n");
     return 0;
@@ -217,17 +357,31 @@ def build(directory):
     return binary
 
 
+def busy_seconds():
+    """CPU time the whole machine spent busy so far (all but idle and iowait), in seconds."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(hosts, binary, variant, seconds, datagram, batch, buffer_bytes):
+    """(sender's report, receiver's report); the receiver's carries `machine_cpu_seconds`, the whole
+    machine's busy time while both ran (the kernel's packet work runs in softirqs, charged to nobody)."""
     environment = {**os.environ, **VARIANTS[variant]}
+    busy = busy_seconds()
     receiver = hosts.popen(1, [binary, "recv", hosts.addresses[1], str(PORT_RECEIVER), hosts.addresses[0],
-                               str(PORT_SENDER), str(seconds), str(datagram), str(batch), str(buffer_bytes)],
+                               str(PORT_SENDER), str(seconds + 30), str(datagram), str(batch), str(buffer_bytes)],
                            stdout=subprocess.PIPE, env=environment, text=True)
     time.sleep(0.2)
-    sender = hosts.run(0, [binary, "send", hosts.addresses[0], str(PORT_SENDER), hosts.addresses[1],
-                           str(PORT_RECEIVER), str(seconds + 0.5), str(datagram), str(batch), str(buffer_bytes)],
+    # the receiver outlasts the sender and stops at 0.3 s of silence, so it sees the whole stream
+    sender = hosts.run(0, [binary, SENDER_MODE.get(variant, "send"), hosts.addresses[0], str(PORT_SENDER),
+                           hosts.addresses[1], str(PORT_RECEIVER), str(seconds), str(datagram), str(batch),
+                           str(buffer_bytes)],
                        capture_output=True, env=environment, text=True, check=True)
-    out, _ = receiver.communicate(timeout=seconds + 40)
-    return json.loads(sender.stdout), json.loads(out)
+    out, _ = receiver.communicate(timeout=60)
+    received = json.loads(out)
+    received["machine_cpu_seconds"] = busy_seconds() - busy
+    return json.loads(sender.stdout), received
 
 
 def fill_run(hosts, binary, variant, datagram, buffer_bytes):
@@ -246,7 +400,9 @@ def fill_run(hosts, binary, variant, datagram, buffer_bytes):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mtu", default="1500,9000")
-    parser.add_argument("--variants", default="plain,gso,gro,gso+gro")
+    parser.add_argument("--variants", default="plain,gso,gro,gso+gro",
+                        help=f"any of {','.join(VARIANTS)} (raw, raw+zerocopy: the program's own GSO sender, "
+                             "one 64 KB message per sendmsg, without and with MSG_ZEROCOPY)")
     parser.add_argument("--wire", default="segmented,offload",
                         help="segmented: MTU-sized packets on the links, GRO at the receiver (like NICs); "
                              "offload: veth defaults (super-packets cross whole)")
@@ -276,8 +432,9 @@ def main(argv=None):
                         print(f"{'variant':>8} {'rcvbuf granted':>14} {'datagrams held':>14} {'bytes held':>11} "
                               f"{'held/granted':>12}")
                     else:
-                        print(f"{'variant':>8} {'GB/s recv':>9} {'runs':>23} {'GB/s sent':>9} {'delivered%':>10} "
-                              f"{'dgrams/send msg':>15} {'dgrams/recv msg':>15}")
+                        print(f"{'variant':>12} {'GB/s recv':>9} {'runs':>23} {'GB/s sent':>9} {'delivered%':>10} "
+                              f"{'dgrams/send msg':>15} {'dgrams/recv msg':>15} {'CPU s/GB':>8} {'sender':>6} "
+                              f"{'receiver':>8} {'zc copied':>9}")
                     for variant in args.variants.split(","):
                         if args.fill:
                             got = fill_run(hosts, binary, variant, datagram, args.buffer_bytes)
@@ -295,9 +452,16 @@ def main(argv=None):
                                                        if s["send_gso_messages"] else 1.0 for s, _ in results)
                         recv_ratio = statistics.median(r["datagrams"] / max(r["recv_messages"], 1) for _, r in results)
                         bad = sum(r["wrong_size"] + r["reordered"] + r["foreign"] for _, r in results)
-                        print(f"{variant:>8} {statistics.median(received):>9.3f} "
+                        # CPU seconds per GB delivered: the whole machine's, the sender's and the receiver's own
+                        per_gb = [[x / (r["bytes"] / 1e9) for x in (r["machine_cpu_seconds"], s["cpu_seconds"],
+                                                                      r["cpu_seconds"])] for s, r in results]
+                        machine, sender_cpu, receiver_cpu = (statistics.median(c[i] for c in per_gb) for i in range(3))
+                        copied = ("-" if "zerocopy_complete" not in results[0][0] or variant != "raw+zerocopy" else
+                                  f"{sum(s['zerocopy_copied'] for s, _ in results) / max(sum(s['zerocopy_complete'] for s, _ in results), 1):.0%}")
+                        print(f"{variant:>12} {statistics.median(received):>9.3f} "
                               f"{'/'.join(f'{x:.2f}' for x in received):>23} {statistics.median(sent):>9.3f} "
                               f"{100 * statistics.median(delivered):>10.2f} {send_ratio:>15.1f} {recv_ratio:>15.1f}"
+                              f" {machine:>8.3f} {sender_cpu:>6.3f} {receiver_cpu:>8.3f} {copied:>9}"
                               + (f"   {bad} datagrams reordered, of a wrong size or foreign!" if bad else ""), flush=True)
     if args.json:
         with open(args.json, "w") as out:
