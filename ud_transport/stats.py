@@ -40,7 +40,8 @@ class CollectiveStats:
         Chunks of this rank's output whose final value did not arrive: kept their old value
         (all_gather, broadcast) or were filled (allreduce: see Estimator).
     elapsed_s : float
-        Seconds from the call's start to its end, join wait and verdict round included.
+        Seconds from the call's start to its end: join wait, verdict round and the write of the
+        result into the tensor (or its put-back) included.
     deadline_s : float
         Seconds the data phase was allowed (given, or the adaptive default).
     agree_s : float
