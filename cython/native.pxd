@@ -154,6 +154,7 @@ cdef extern from "engine.h" nogil:
         double deadline_s
         double agree_s
         double join_wait_s
+        double output_s
         uint32_t sequence
         uint32_t steps
         uint32_t critical_path

@@ -1631,9 +1631,12 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0)
             return end_on_transport_error(comm);
     }
-    rc = udt_call_finish(comm, monotonic_ns());
+    uint64_t verdict_ns = monotonic_ns();
+    rc = udt_call_finish(comm, verdict_ns);
     /* on a real clock the call ends once the result is written (or the tensor put back) */
-    stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
+    uint64_t end_ns = monotonic_ns();
+    stats->output_s = (double)(end_ns - verdict_ns) * 1e-9;
+    stats->elapsed_s = (double)(end_ns - comm->call.start_ns) * 1e-9;
     return rc;
 }
 

@@ -102,6 +102,7 @@ struct udt_collective_stats {
     double deadline_s;
     double agree_s;              /* time spent in the verdict round */
     double join_wait_s;         /* from the call's start until every rank was known to be in it */
+    double output_s;            /* after the verdict: writing the result into the tensor, or putting it back (0 in the simulator) */
     uint32_t sequence;
     uint32_t steps;
     uint32_t critical_path;      /* hops on the schedule's longest dependency chain */

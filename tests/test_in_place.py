@@ -24,6 +24,16 @@ def test_both_paths_give_the_exact_sum(world, dtype, in_place_min_bytes, in_plac
         np.testing.assert_array_equal(result, expected_allreduce(world, COUNT).astype(dtype))
 
 
+@pytest.mark.parametrize("in_place_min_bytes", [0, 1 << 40])
+def test_the_write_of_the_result_is_timed_inside_the_call(in_place_min_bytes):
+    """output_s (after the verdict: the copy out of the scratch, or nothing much in place) is measured
+    and is part of elapsed_s, which ends when the call returns."""
+    cluster = get_cluster(2, in_place_min_bytes=in_place_min_bytes)
+    for _, stats in cluster.run(tasks.allreduce_values, 1 << 20, "float32", "sum"):
+        assert 0 < stats.output_s < stats.elapsed_s, stats.to_dict()
+        assert stats.join_wait_s + stats.output_s <= stats.elapsed_s, stats.to_dict()
+
+
 def test_the_threshold_is_the_tensor_size_in_bytes():
     """A float32 tensor of exactly in_place_min_bytes sums in place, one element more than the
     tensor is not enough; float16 never does (it sums in a float32 scratch)."""

@@ -520,7 +520,7 @@ class Communicator:
             if target is not None and collective != _native.COLLECTIVE_AGREE:
                 target.written()
             if not stats.deadline_expired and nbytes:
-                self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s)  # a late rank is not the network
+                self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s - stats.output_s)  # not a late rank, not the copy out
             return stats
         if status == _native.STATUS_LOSS_BUDGET:
             raise LossBudgetExceeded(f"rank {self.rank}: {message}", stats)

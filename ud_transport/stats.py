@@ -48,6 +48,9 @@ class CollectiveStats:
         Seconds spent in the verdict round.
     join_wait_s : float
         Seconds until every rank was known to be in the call; the deadline counts from then.
+    output_s : float
+        Seconds spent after the verdict writing the result into the tensor (or putting the tensor
+        back); part of ``elapsed_s``. Summing in the scratch, it is one copy of the tensor.
     sequence : int
         The call's number on this communicator (wraps at 2**32).
     steps : int
@@ -130,6 +133,7 @@ class CollectiveStats:
     deadline_s: float
     agree_s: float
     join_wait_s: float
+    output_s: float
     sequence: int
     steps: int
     critical_path: int
