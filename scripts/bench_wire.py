@@ -11,7 +11,8 @@ receiver counts what arrived, in order, at the right size. Reported: GB/s delive
 machine's busy time, which includes the kernel's packet work in softirqs, and the two
 programs' own). The variants `raw` and `raw+zerocopy` use a sender of the program's own,
 one 64 KB GSO message per sendmsg, without and with MSG_ZEROCOPY; "zc copied" is the
-share of zerocopy sends the kernel reports it copied after all.
+share of zerocopy sends the kernel reports it copied after all (by notice: the kernel merges
+neighbouring completions under the first one's code, so it is approximate).
 
     python3 scripts/bench_wire.py                       # both MTUs, all variants
     python3 scripts/bench_wire.py --mtu 1500 --variants plain,gso+gro --seconds 2
@@ -112,8 +113,16 @@ static void print_common(struct udt_transport *t)
 #define SO_EE_CODE_ZEROCOPY_COPIED 1
 #endif
 
+enum { RING = 1024 }; /* messages in the sender's ring */
+
+/* Completion notices name ranges of send ids (counted per socket from 0); the kernel merges
+ * neighbouring ranges but does not promise their order, so a slot is free only once every
+ * send before it is done. */
 struct completions {
-    uint64_t through, notices, copied; /* sends [0, through) are complete */
+    uint64_t through;   /* sends [0, through) are all complete */
+    uint64_t completed; /* sends reported complete, in any order */
+    uint64_t notices, copied;
+    uint8_t done[RING]; /* by id % RING: reported, not yet passed by `through` */
 };
 
 static int reap(int fd, struct completions *z)
@@ -127,11 +136,19 @@ static int reap(int fd, struct completions *z)
             struct sock_extended_err *e = (struct sock_extended_err *)CMSG_DATA(c);
             if (e->ee_origin != SO_EE_ORIGIN_ZEROCOPY)
                 continue;
-            z->notices++; /* sends ee_info..ee_data completed, in order per socket */
+            /* sends ee_info..ee_data (32-bit ids) completed; a merged range carries its first notice's
+             * code, so `copied` counts by notice and is approximate */
+            uint32_t count = e->ee_data - e->ee_info + 1;
+            z->notices++;
+            z->completed += count;
             if (e->ee_code & SO_EE_CODE_ZEROCOPY_COPIED)
-                z->copied += (uint64_t)(e->ee_data - e->ee_info) + 1;
-            if ((uint64_t)e->ee_data + 1 > z->through)
-                z->through = (uint64_t)e->ee_data + 1;
+                z->copied += count;
+            for (uint32_t i = 0; i < count; i++)
+                z->done[(e->ee_info + i) % RING] = 1;
+            while (z->done[z->through % RING]) {
+                z->done[z->through % RING] = 0;
+                z->through++;
+            }
         }
     }
 }
@@ -157,23 +174,25 @@ static int raw_send(char **argv, double seconds, uint32_t datagram, int zerocopy
         return 1;
     }
     setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer);
-    enum { RING = 1024 };
     uint32_t per_message = 65000 / datagram;
     size_t message_bytes = (size_t)per_message * datagram;
-    uint8_t *ring = calloc(RING, message_bytes);
-    struct completions z = {0};
-    uint64_t sequence = 0, sends = 0, waits = 0;
+    uint8_t *ring = per_message ? calloc(RING, message_bytes) : NULL;
+    struct completions *z = calloc(1, sizeof *z);
+    if (!ring || !z) {
+        fprintf(stderr, "raw sender: datagrams of %u bytes do not fit a 65000-byte message, or out of memory\n", datagram);
+        return 1;
+    }
+    uint64_t sequence = 0, sends = 0, ring_waits = 0, buffer_waits = 0;
     double start = now(), end = start + seconds, cpu = cpu_seconds();
     while (now() < end) {
         if (zerocopy) {
-            if (reap(fd, &z) < 0)
+            if (reap(fd, z) < 0)
                 return perror("reap"), 1;
-            while (sends >= z.through + RING) { /* the slot's last send is still the kernel's */
-                struct pollfd p = {.fd = fd, .events = 0};
+            if (sends >= z->through + RING) { /* the slot's last send is still the kernel's */
+                struct pollfd p = {.fd = fd, .events = 0}; /* wakes on an error-queue notice */
                 poll(&p, 1, 10);
-                waits++;
-                if (reap(fd, &z) < 0)
-                    return perror("reap"), 1;
+                ring_waits++;
+                continue;
             }
         }
         uint8_t *message = ring + (size_t)(sends % RING) * message_bytes;
@@ -185,8 +204,9 @@ static int raw_send(char **argv, double seconds, uint32_t datagram, int zerocopy
         struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
         if (sendmsg(fd, &m, zerocopy ? MSG_ZEROCOPY : 0) < 0) {
             if (errno == ENOBUFS || errno == EAGAIN) { /* out of option memory for notifications */
-                waits++;
-                reap(fd, &z);
+                struct pollfd p = {.fd = fd, .events = 0};
+                poll(&p, 1, 10);
+                buffer_waits++;
                 continue;
             }
             return perror("sendmsg"), 1;
@@ -196,18 +216,19 @@ static int raw_send(char **argv, double seconds, uint32_t datagram, int zerocopy
     }
     double elapsed = now() - start;
     cpu = cpu_seconds() - cpu;
-    for (int i = 0; zerocopy && z.through < sends && i < 200; i++) { /* collect the last notifications */
+    for (int i = 0; zerocopy && z->completed < sends && i < 200; i++) { /* collect the last notifications */
         struct pollfd p = {.fd = fd, .events = 0};
         poll(&p, 1, 10);
-        reap(fd, &z);
+        reap(fd, z);
     }
     printf("{\"mode\": \"%s\", \"datagrams\": %llu, \"bytes\": %llu, \"seconds\": %.6f, \"gbytes_per_s\": %.4f, "
            "\"cpu_seconds\": %.4f, \"send_calls\": %llu, \"send_gso_messages\": %llu, \"send_gso_datagrams\": %llu, "
-           "\"zerocopy_complete\": %llu, \"zerocopy_copied\": %llu, \"zerocopy_notices\": %llu, \"waits\": %llu}\n",
+           "\"zerocopy_completed\": %llu, \"zerocopy_copied\": %llu, \"zerocopy_notices\": %llu, \"ring_waits\": %llu, "
+           "\"buffer_waits\": %llu}\n",
            zerocopy ? "zerocopy" : "copy", (unsigned long long)sequence, (unsigned long long)sequence * datagram, elapsed,
            sequence * (double)datagram / elapsed / 1e9, cpu, (unsigned long long)sends, (unsigned long long)sends,
-           (unsigned long long)sequence, (unsigned long long)z.through, (unsigned long long)z.copied,
-           (unsigned long long)z.notices, (unsigned long long)waits);
+           (unsigned long long)sequence, (unsigned long long)z->completed, (unsigned long long)z->copied,
+           (unsigned long long)z->notices, (unsigned long long)ring_waits, (unsigned long long)buffer_waits);
     return 0;
 }
 
@@ -358,10 +379,11 @@ def build(directory):
 
 
 def busy_seconds():
-    """CPU time the whole machine spent busy so far (all but idle and iowait), in seconds."""
+    """CPU time the whole machine spent working so far, in seconds: user, nice, system, irq and softirq
+    (not idle, iowait, or steal, which is another guest's; guest time is already inside user)."""
     with open("/proc/stat") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq = [int(v) for v in stat.readline().split()[1:8]]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(hosts, binary, variant, seconds, datagram, batch, buffer_bytes):
@@ -373,12 +395,17 @@ def one_run(hosts, binary, variant, seconds, datagram, batch, buffer_bytes):
                                str(PORT_SENDER), str(seconds + 30), str(datagram), str(batch), str(buffer_bytes)],
                            stdout=subprocess.PIPE, env=environment, text=True)
     time.sleep(0.2)
-    # the receiver outlasts the sender and stops at 0.3 s of silence, so it sees the whole stream
-    sender = hosts.run(0, [binary, SENDER_MODE.get(variant, "send"), hosts.addresses[0], str(PORT_SENDER),
-                           hosts.addresses[1], str(PORT_RECEIVER), str(seconds), str(datagram), str(batch),
-                           str(buffer_bytes)],
-                       capture_output=True, env=environment, text=True, check=True)
-    out, _ = receiver.communicate(timeout=60)
+    try:
+        # the receiver outlasts the sender and stops at 0.3 s of silence, so it sees the whole stream
+        sender = hosts.run(0, [binary, SENDER_MODE.get(variant, "send"), hosts.addresses[0], str(PORT_SENDER),
+                               hosts.addresses[1], str(PORT_RECEIVER), str(seconds), str(datagram), str(batch),
+                               str(buffer_bytes)],
+                           capture_output=True, env=environment, text=True, check=True)
+        out, _ = receiver.communicate(timeout=60)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
     received = json.loads(out)
     received["machine_cpu_seconds"] = busy_seconds() - busy
     return json.loads(sender.stdout), received
@@ -453,16 +480,19 @@ def main(argv=None):
                         recv_ratio = statistics.median(r["datagrams"] / max(r["recv_messages"], 1) for _, r in results)
                         bad = sum(r["wrong_size"] + r["reordered"] + r["foreign"] for _, r in results)
                         # CPU seconds per GB delivered: the whole machine's, the sender's and the receiver's own
-                        per_gb = [[x / (r["bytes"] / 1e9) for x in (r["machine_cpu_seconds"], s["cpu_seconds"],
+                        per_gb = [[x / (max(r["bytes"], 1) / 1e9) for x in (r["machine_cpu_seconds"], s["cpu_seconds"],
                                                                       r["cpu_seconds"])] for s, r in results]
                         machine, sender_cpu, receiver_cpu = (statistics.median(c[i] for c in per_gb) for i in range(3))
-                        copied = ("-" if "zerocopy_complete" not in results[0][0] or variant != "raw+zerocopy" else
-                                  f"{sum(s['zerocopy_copied'] for s, _ in results) / max(sum(s['zerocopy_complete'] for s, _ in results), 1):.0%}")
+                        copied = ("-" if variant != "raw+zerocopy" else
+                                  f"{sum(s['zerocopy_copied'] for s, _ in results) / max(sum(s['zerocopy_completed'] for s, _ in results), 1):.0%}")
                         print(f"{variant:>12} {statistics.median(received):>9.3f} "
                               f"{'/'.join(f'{x:.2f}' for x in received):>23} {statistics.median(sent):>9.3f} "
                               f"{100 * statistics.median(delivered):>10.2f} {send_ratio:>15.1f} {recv_ratio:>15.1f}"
                               f" {machine:>8.3f} {sender_cpu:>6.3f} {receiver_cpu:>8.3f} {copied:>9}"
-                              + (f"   {bad} datagrams reordered, of a wrong size or foreign!" if bad else ""), flush=True)
+                              + (f"   {bad} datagrams reordered, of a wrong size or foreign!" if bad else "")
+                              + (f"   waits for ring slots {sum(s['ring_waits'] for s, _ in results)}, for notice memory "
+                                 f"{sum(s['buffer_waits'] for s, _ in results)}" if variant == "raw+zerocopy" else ""),
+                              flush=True)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(dict(arguments=vars(args), runs=runs), out, indent=1)

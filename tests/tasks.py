@@ -201,7 +201,8 @@ def verdict_round_ends(comm, calls, count):
             ends.append((outcome, None, None, 0))
             continue
         slack = min(max(stats.deadline_s / 4, 0.05), 1.0)  # the verdict round's slack past the data deadline (engine.c)
-        ends.append((outcome, stats.elapsed_s - stats.join_wait_s, stats.deadline_s + slack, stats.verdict_acks_presumed))
+        ends.append((outcome, stats.elapsed_s - stats.join_wait_s - stats.output_s, stats.deadline_s + slack,
+                     stats.verdict_acks_presumed))
         # Then wait for the others through the store, as a job waits in another collective: a rank
         # that returned sends nothing of its next call that could stand in for a lost answer.
         prefix = f"verdict-round-ends/{stats.sequence}"  # the same on every rank, new with every call
