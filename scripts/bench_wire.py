@@ -370,9 +370,9 @@ def build(directory):
     with open(source, "w") as out:
         out.write(PROGRAM)
     binary = os.path.join(directory, "wire_stream")
-    compiler = shutil.which("cc") or shutil.which("gcc")
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not compiler:
-        sys.exit("bench_wire: needs a C compiler (cc or gcc)")
+        sys.exit("bench_wire: needs a C compiler (cc, gcc or clang)")
     subprocess.run([compiler, "-O2", "-std=gnu11", "-Wall", "-I", os.path.join(ROOT, "native"), source,
                     os.path.join(ROOT, "native", "transport_udp.c"), "-o", binary], check=True)
     return binary
