@@ -34,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from machine_cpu import busy_seconds  # noqa: E402  (a script: its own directory is sys.path[0])
 from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
 
 VARIANTS = {  # name -> environment of both programs
@@ -376,14 +377,6 @@ def build(directory):
     subprocess.run([compiler, "-O2", "-std=gnu11", "-Wall", "-I", os.path.join(ROOT, "native"), source,
                     os.path.join(ROOT, "native", "transport_udp.c"), "-o", binary], check=True)
     return binary
-
-
-def busy_seconds():
-    """CPU time the whole machine spent working so far, in seconds: user, nice, system, irq and softirq
-    (not idle, iowait, or steal, which is another guest's; guest time is already inside user)."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = [int(v) for v in stat.readline().split()[1:8]]
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(hosts, binary, variant, seconds, datagram, batch, buffer_bytes):

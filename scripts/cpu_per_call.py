@@ -22,18 +22,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from machine_cpu import busy_seconds  # noqa: E402  (a script: its own directory is sys.path[0])
 from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
 from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
-
-JIFFY_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def busy_jiffies():
-    """user, nice, system, irq and softirq: not idle, iowait or steal (another guest's); guest is inside user."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = [int(v) for v in stat.readline().split()[1:8]]
-    return user + nice + system + irq + softirq
-
 
 def calls(comm, config):
     """On every rank: `iterations` calls of one backend; (wall s, machine busy s) per call."""
@@ -53,13 +44,13 @@ def calls(comm, config):
     for iteration in range(iterations):
         np.copyto(work, pristine)
         store_barrier(comm.store, comm.rank, comm.world_size, f"cpu/{backend}/{iteration}")
-        busy, start = busy_jiffies(), time.perf_counter()
+        busy, start = busy_seconds(), time.perf_counter()
         if backend == "gloo":
             dist.all_reduce(tensor)
         else:
             comm.allreduce(work, algorithm=backend)
         wall = time.perf_counter() - start
-        busy = (busy_jiffies() - busy) * JIFFY_S
+        busy = busy_seconds() - busy
         store_barrier(comm.store, comm.rank, comm.world_size, f"cpu/{backend}/{iteration}/done")
         measured.append((wall, busy))
     return measured
