@@ -7,7 +7,7 @@ errors in every namespace (`ip -s -j link`), the UDP and IP error counters (/pro
 CPU's backlog drops (/proc/net/softnet_stat) and, with --port-queue, the switch ports' qdisc drops.
 
     python3 scripts/trace_wire_drops.py                              # 4 ranks, MTU 1500, 100 calls
-    python3 scripts/trace_wire_drops.py --calls 150 --port-queue 1000 --window-mib 2
+    python3 scripts/trace_wire_drops.py --calls 150 --port-queue 1000 --window-mib 16
 
 Needs root (network namespaces).
 """
@@ -73,7 +73,8 @@ def main(argv=None):
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--mib", type=int, default=64, help="tensor size in MiB (float32)")
     parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--window-mib", type=float, default=16, help="the communicators' credit window")
+    parser.add_argument("--window-mib", type=float, default=0,
+                        help="the communicators' credit window (0: the library's default, 192 datagrams)")
     parser.add_argument("--port-queue", type=int, default=0,
                         help="give each switch port a pfifo of this many packets (0: veth's default, no queue)")
     args = parser.parse_args(argv)
@@ -104,7 +105,7 @@ def main(argv=None):
                           for r, rank in enumerate(per_rank) if rank[2]]
                 print(f"call {call}: {'; '.join(missed) or 'lost elsewhere'}; counters moved: {moved}", flush=True)
     print(f"{broken} of {args.calls} calls not whole; engine elapsed p50 {np.median(elapsed) * 1e3:.1f} ms "
-          f"({args.world_size} ranks, MTU {args.mtu}, window {args.window_mib} MiB, "
+          f"({args.world_size} ranks, MTU {args.mtu}, window {f'{args.window_mib} MiB' if args.window_mib else 'default'}, "
           f"port queue {args.port_queue or 'none'})")
     return 0
 

@@ -9,7 +9,7 @@ from . import _native, algorithms, rendezvous, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
-from .options import check_copies
+from .options import check_copies, credit_window_bytes
 from .stats import CollectiveStats
 from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
@@ -159,11 +159,11 @@ class Communicator:
         # The window must fit what the kernel granted, not what was asked (UDP; 0 for verbs).
         self.receive_buffer_bytes = endpoint.receive_buffer_bytes
         self.transport_description = endpoint.describe()
-        self.window_bytes = options.window_bytes
+        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes)
         self._overflow_warned = False
         if self.receive_buffer_bytes:
             forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)
-            self.window_bytes = transports.fit_window(options.window_bytes, self.receive_buffer_bytes,
+            self.window_bytes = transports.fit_window(self.window_bytes, self.receive_buffer_bytes,
                                                       options.socket_buffer_bytes, forced,
                                                       chunk_bytes + _native.HEADER_BYTES)
         try:

@@ -88,8 +88,8 @@ def udp_report():
             "receive_buffer_bytes": granted, "receive_buffer_asked": settings.socket_buffer_bytes,
             "receive_buffer_forced": bool(features & _native.UDP_RCVBUF_FORCED), "datagram_bytes": datagram,
             "overflow_drops_counted": bool(features & _native.UDP_DROPS_COUNTED),
-            "window_bytes_asked": settings.window_bytes,
-            "window_bytes": transports.window_that_fits(granted, datagram, settings.window_bytes),
+            "window_bytes_asked": (asked := options.credit_window_bytes(settings.window_bytes, datagram - _native.HEADER_BYTES)),
+            "window_bytes": transports.window_that_fits(granted, datagram, asked),
             "description": transport.describe()}
 
 

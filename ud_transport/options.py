@@ -12,6 +12,17 @@ ENVIRONMENT = environment.fields_of("option")
 
 ALGORITHMS = ("auto", "ring", "direct")
 
+# The default credit window, in datagrams. Every datagram a rank is sent may sit in a receive ring
+# before the kernel's packet work runs: a veth's holds 256 packets, small NIC rings 256-512. With
+# 16 MiB in flight to a rank, three senders converging on it overflowed the veth ring behind a
+# bridge in 11 of 300 calls at 4 ranks (MTU 1500); with 185-192 datagrams, in none (README).
+WINDOW_DATAGRAMS = 192
+
+
+def credit_window_bytes(window_bytes, chunk_bytes):
+    """The credit window a rank asks for: `window_bytes`, or for 0 the default for this chunk size."""
+    return window_bytes or WINDOW_DATAGRAMS * max(chunk_bytes, 1)
+
 
 @dataclass(frozen=True)
 class Options:
@@ -28,10 +39,12 @@ class Options:
         Payload bytes per datagram; 0 takes the largest the path MTU allows on every rank.
         Rounded down to a multiple of 8 (whole elements of every dtype); more than one datagram
         carries is a ValueError when the Communicator opens. ``UD_CHUNK_BYTES``.
-    window_bytes : int, default 16777216 (16 MiB)
-        Bytes all senders together may have in flight to this rank (its credit window); the
-        direct schedule needs about two steps of it. On UDP it is lowered, with a warning, to
-        fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.
+    window_bytes : int, default 0
+        Bytes all senders together may have in flight to this rank (its credit window). 0 takes
+        ``WINDOW_DATAGRAMS`` (192) chunks: fewer packets than a veth's 256-entry
+        receive ring or a NIC's smallest rings hold, so senders converging on one rank cannot
+        overflow them (README, "No self-inflicted loss"). On UDP it is lowered, with a warning,
+        to fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.
     socket_buffer_bytes : int, default 67108864 (64 MiB)
         UDP send and receive buffer asked of the kernel. ``UD_SOCKET_BUFFER_BYTES``.
     end_repeats : int, default 3
@@ -115,7 +128,7 @@ class Options:
     1048576
     """
     chunk_bytes: int = 0
-    window_bytes: int = 16 * MIB
+    window_bytes: int = 0
     socket_buffer_bytes: int = 64 * MIB
     end_repeats: int = 3
     credit_refresh_us: int = 2000
@@ -144,8 +157,10 @@ class Options:
         """Returns self, or raises ValueError naming the first field out of range."""
         if self.chunk_bytes < 0:
             raise ValueError("chunk_bytes must be >= 0")
-        if self.window_bytes <= 0 or self.socket_buffer_bytes <= 0:
-            raise ValueError("window_bytes and socket_buffer_bytes must be positive")
+        if self.window_bytes < 0:
+            raise ValueError(f"window_bytes must be >= 0 (0: {WINDOW_DATAGRAMS} chunks), got {self.window_bytes!r}")
+        if self.socket_buffer_bytes <= 0:
+            raise ValueError("socket_buffer_bytes must be positive")
         if not 0 <= self.default_loss_budget <= 1:
             raise ValueError(f"default_loss_budget must be in [0, 1], got {self.default_loss_budget!r}")
         for name in ("deadline_cap_s", "deadline_floor_s", "deadline_multiplier"):
@@ -165,7 +180,8 @@ class Options:
 
     def engine_options(self, chunk_bytes, window_bytes=None):
         """The options the C engine takes, by field name (window_bytes: as fitted to the transport's buffers)."""
-        return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or self.window_bytes, "end_repeats": self.end_repeats,
+        return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or credit_window_bytes(self.window_bytes, chunk_bytes),
+                "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000),

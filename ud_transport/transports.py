@@ -4,6 +4,7 @@ import logging
 from . import _native, environment, verbs_extension
 from .errors import TransportError
 from .loss_models import rank_seed
+from .options import credit_window_bytes
 
 log = logging.getLogger("ud_transport")
 
@@ -133,12 +134,13 @@ def receive_depth(options, datagram_bytes, device_limit):
         return min(asked, device_limit)
     chunk = options.chunk_bytes or (datagram_bytes - _native.HEADER_BYTES)
     chunk -= chunk % 8 if chunk >= 8 else 0
-    window_chunks = max(options.window_bytes // max(chunk, 1), 16)
+    window = credit_window_bytes(options.window_bytes, chunk)
+    window_chunks = max(window // max(chunk, 1), 16)
     depth = window_chunks + RECEIVE_SLACK
     if depth > device_limit:
         log.warning("window_bytes=%d needs %d posted receives but the device allows %d: datagrams beyond that "
                     "would be dropped on arrival; lower window_bytes (UD_WINDOW_BYTES)",
-                    options.window_bytes, depth, device_limit)
+                    window, depth, device_limit)
         depth = device_limit
     return depth
 
