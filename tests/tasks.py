@@ -340,7 +340,7 @@ def every_collective_failing(comm, count, algorithm, how):
 
 def receive_buffer_of(comm):
     """(receive buffer the kernel granted, credit window the engine uses) on this rank."""
-    return getattr(comm, "receive_buffer_bytes", 0), getattr(comm, "window_bytes", comm.options.window_bytes)
+    return getattr(comm, "receive_buffer_bytes", 0), comm.window_bytes
 
 
 def allreduce_many_lossy(comm, count, calls):

@@ -159,7 +159,7 @@ class Communicator:
         # The window must fit what the kernel granted, not what was asked (UDP; 0 for verbs).
         self.receive_buffer_bytes = endpoint.receive_buffer_bytes
         self.transport_description = endpoint.describe()
-        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes)
+        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes, self.transport_name)
         self._overflow_warned = False
         if self.receive_buffer_bytes:
             forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)

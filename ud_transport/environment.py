@@ -18,7 +18,7 @@ class Variable:
 VARIABLES = (
     Variable("UD_CHUNK_BYTES", (("option", "chunk_bytes"),), "0", "payload bytes per datagram; 0 = the largest the path MTU allows"),
     Variable("UD_WINDOW_BYTES", (("option", "window_bytes"),), "0",
-             "data all senders together may have in flight to one rank; 0 = 192 datagrams"),
+             "data all senders together may have in flight to one rank; 0 = 192 datagrams on UDP, 16 MiB on verbs"),
     Variable("UD_SOCKET_BUFFER_BYTES", (("option", "socket_buffer_bytes"),), "67108864", "UDP send and receive buffer asked of the kernel"),
     Variable("UD_BIND_ADDRESS", (("option", "bind_address"),), "", "local IPv4 address to bind; empty = the one that reaches MASTER_ADDR"),
     Variable("UD_DEADLINE_CAP", (("option", "deadline_cap_s"),), "30.0", "seconds: the adaptive default deadline never exceeds this"),

@@ -17,11 +17,17 @@ ALGORITHMS = ("auto", "ring", "direct")
 # 16 MiB in flight to a rank, three senders converging on it overflowed the veth ring behind a
 # bridge in 11 of 300 calls at 4 ranks (MTU 1500); with 185-192 datagrams, in none (README).
 WINDOW_DATAGRAMS = 192
+# On verbs the default stays 16 MiB: on the SoftRoCE rig 192 datagrams made 2-rank calls twice as
+# slow (1 MiB: 105 against 54 ms), and whether converging senders overflow a RoCE NIC cannot be
+# measured here.
+VERBS_WINDOW_BYTES = 16 * MIB
 
 
-def credit_window_bytes(window_bytes, chunk_bytes):
-    """The credit window a rank asks for: `window_bytes`, or for 0 the default for this chunk size."""
-    return window_bytes or WINDOW_DATAGRAMS * max(chunk_bytes, 1)
+def credit_window_bytes(window_bytes, chunk_bytes, transport="udp"):
+    """The credit window a rank asks for: `window_bytes`, or for 0 the transport's default."""
+    if window_bytes:
+        return window_bytes
+    return VERBS_WINDOW_BYTES if transport == "verbs" else WINDOW_DATAGRAMS * max(chunk_bytes, 1)
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class Options:
         carries is a ValueError when the Communicator opens. ``UD_CHUNK_BYTES``.
     window_bytes : int, default 0
         Bytes all senders together may have in flight to this rank (its credit window). 0 takes
-        ``WINDOW_DATAGRAMS`` (192) chunks: fewer packets than a veth's 256-entry
+        ``WINDOW_DATAGRAMS`` (192) chunks on UDP, 16 MiB on verbs: on UDP fewer packets than a veth's 256-entry
         receive ring or a NIC's smallest rings hold, so senders converging on one rank cannot
         overflow them (README, "No self-inflicted loss"). On UDP it is lowered, with a warning,
         to fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.

@@ -134,7 +134,7 @@ def receive_depth(options, datagram_bytes, device_limit):
         return min(asked, device_limit)
     chunk = options.chunk_bytes or (datagram_bytes - _native.HEADER_BYTES)
     chunk -= chunk % 8 if chunk >= 8 else 0
-    window = credit_window_bytes(options.window_bytes, chunk)
+    window = credit_window_bytes(options.window_bytes, chunk, "verbs")
     window_chunks = max(window // max(chunk, 1), 16)
     depth = window_chunks + RECEIVE_SLACK
     if depth > device_limit:
