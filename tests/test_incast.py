@@ -5,9 +5,6 @@ Between hosts, every datagram a rank is sent may wait in a receive ring before t
 work runs (a veth's holds 256 packets). With 16 MiB in flight to a rank, three senders converging on
 it behind a bridge overflowed the ring in 11 of 300 calls (4 ranks, MTU 1500, 64 MiB); the default
 window of 192 datagrams bounds what all senders together have in flight below that."""
-import json
-import subprocess
-
 import pytest
 
 import tasks
@@ -17,7 +14,7 @@ from ud_transport.options import WINDOW_DATAGRAMS, Options, credit_window_bytes
 MIB = 1 << 20
 
 
-def test_the_default_window_is_a_number_of_datagrams_up_to_a_cap():
+def test_the_default_window_is_a_number_of_datagrams_on_udp():
     assert Options().validate().window_bytes == 0
     assert WINDOW_DATAGRAMS < 256  # a veth's receive ring, the smallest in front of a rank here
     assert credit_window_bytes(0, 1416, "verbs") == 16 * MIB  # verbs keeps its window (README)
@@ -26,13 +23,6 @@ def test_the_default_window_is_a_number_of_datagrams_up_to_a_cap():
     assert credit_window_bytes(3 * MIB, 1416) == 3 * MIB  # a window set by hand is kept
     with pytest.raises(ValueError, match="window_bytes"):
         Options(window_bytes=-1).validate()
-
-
-def switch_ports_tx_dropped(hosts):
-    """Packets the switch's ports dropped toward the ranks (a full receive ring behind a veth)."""
-    links = json.loads(subprocess.run(["ip", "netns", "exec", hosts.switch_namespace, "ip", "-s", "-j", "link"],
-                                      capture_output=True, text=True, check=True).stdout)
-    return sum(link.get("stats64", {}).get("tx", {}).get("dropped", 0) for link in links)
 
 
 @pytest.mark.slow
@@ -44,13 +34,11 @@ def test_four_ranks_on_a_bridge_deliver_everything_with_the_default_window():
     reason = unavailable_reason()
     if reason:
         skip_or_fail(f"veth hosts: {reason}")
-    calls = 60
+    calls = 60  # at loss budget 0 (support.many_large): one lost datagram fails its call and the test
     with Hosts(4, mtu=1500) as hosts, LocalCluster(4, hosts=hosts) as cluster:
         chunk_bytes = cluster.run(tasks.address_of)[0][1]
         for rank, (granted, window) in enumerate(cluster.run(tasks.receive_buffer_of)):
             assert window == WINDOW_DATAGRAMS * chunk_bytes < granted, (rank, window, granted)
         outcomes = cluster.run(tasks.many_large, 64 * MIB // 4, calls, timeout_s=1200)
-        dropped = switch_ports_tx_dropped(hosts)
     for rank, (fractions, lost, exact) in enumerate(outcomes):
-        assert fractions == [1.0] * calls and lost == 0 and exact, \
-            f"rank {rank}: {lost} chunks lost over {calls} calls (the switch dropped {dropped} packets)"
+        assert fractions == [1.0] * calls and lost == 0 and exact, f"rank {rank}: {lost} chunks lost"

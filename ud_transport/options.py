@@ -47,9 +47,9 @@ class Options:
         carries is a ValueError when the Communicator opens. ``UD_CHUNK_BYTES``.
     window_bytes : int, default 0
         Bytes all senders together may have in flight to this rank (its credit window). 0 takes
-        ``WINDOW_DATAGRAMS`` (192) chunks on UDP, 16 MiB on verbs: on UDP fewer packets than a veth's 256-entry
-        receive ring or a NIC's smallest rings hold, so senders converging on one rank cannot
-        overflow them (README, "No self-inflicted loss"). On UDP it is lowered, with a warning,
+        ``WINDOW_DATAGRAMS`` (192) chunks on UDP, fewer packets than a veth's 256-entry receive
+        ring or a NIC's smallest rings hold, so senders converging on one rank cannot overflow
+        them (README, "No self-inflicted loss"); on verbs, 16 MiB. On UDP it is lowered, with a warning,
         to fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.
     socket_buffer_bytes : int, default 67108864 (64 MiB)
         UDP send and receive buffer asked of the kernel. ``UD_SOCKET_BUFFER_BYTES``.
