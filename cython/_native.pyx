@@ -17,6 +17,7 @@ WIRE_VERSION = UDT_WIRE_VERSION
 MAX_WORLD_SIZE = UDT_MAX_WORLD
 MAX_END_REPEATS = UDT_MAX_END_REPEATS
 MAX_COPIES = UDT_MAX_COPIES
+MAX_STRIPES = UDT_MAX_STRIPES
 
 STATUS_OK = UDT_OK
 STATUS_LOSS_BUDGET = UDT_ERR_LOSS_BUDGET
@@ -231,6 +232,27 @@ cdef udt_engine_options engine_options(dict values) except *:
     return options
 
 
+cdef void fill_args(udt_collective_args *args, int collective, int algorithm, uintptr_t input, uintptr_t output,
+                    uint64_t count, int dtype, int op, int estimator, uint32_t root, uint32_t agree_value,
+                    double loss_budget, double deadline_s, uintptr_t chunk_mask, uint64_t chunk_mask_bytes,
+                    uint32_t copies):
+    args.collective = collective
+    args.algorithm = algorithm
+    args.input = <const void *>input
+    args.output = <void *>output
+    args.count = count
+    args.dtype = dtype
+    args.op = op
+    args.estimator = estimator
+    args.root = root
+    args.agree_value = agree_value
+    args.loss_budget = loss_budget
+    args.deadline_s = deadline_s
+    args.chunk_mask = <uint8_t *>chunk_mask
+    args.chunk_mask_bytes = chunk_mask_bytes
+    args.copies = copies
+
+
 cdef class Engine:
     """One rank's collective engine; owns its transport."""
     cdef udt_comm *comm
@@ -285,24 +307,43 @@ cdef class Engine:
         cdef udt_collective_args args
         cdef udt_collective_stats stats
         cdef int status
-        args.collective = collective
-        args.algorithm = algorithm
-        args.input = <const void *>input
-        args.output = <void *>output
-        args.count = count
-        args.dtype = dtype
-        args.op = op
-        args.estimator = estimator
-        args.root = root
-        args.agree_value = agree_value
-        args.loss_budget = loss_budget
-        args.deadline_s = deadline_s
-        args.chunk_mask = <uint8_t *>chunk_mask
-        args.chunk_mask_bytes = chunk_mask_bytes
-        args.copies = copies
+        fill_args(&args, collective, algorithm, input, output, count, dtype, op, estimator, root, agree_value, loss_budget,
+                  deadline_s, chunk_mask, chunk_mask_bytes, copies)
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
+
+
+def run_striped(list engines, int collective, int algorithm, list inputs, list outputs, list counts, list weights,
+                int dtype, int op, int estimator, uint32_t root, double loss_budget, double deadline_s,
+                uint32_t copies=1):
+    """Run one collective as len(engines) stripes at once, stripe k being counts[k] elements
+    at inputs[k] / outputs[k] on engines[k] (engine.h: udt_collective_striped). Returns
+    (status, merged stats dict, index of the stripe whose status it is, NativeError or None
+    when status is STATUS_OK). Every stripe's output holds its result only on STATUS_OK."""
+    cdef uint32_t n = len(engines)
+    if not 1 <= n <= UDT_MAX_STRIPES or not len(inputs) == len(outputs) == len(counts) == len(weights) == n:
+        raise ValueError(f"1 to {UDT_MAX_STRIPES} stripes, with an input, output, count and weight each")
+    cdef udt_comm *comms[UDT_MAX_STRIPES]
+    cdef udt_collective_args args[UDT_MAX_STRIPES]
+    cdef udt_collective_stats stats[UDT_MAX_STRIPES]
+    cdef double shares[UDT_MAX_STRIPES]
+    cdef udt_collective_stats merged
+    cdef uint32_t failed = 0
+    cdef int status
+    cdef Engine engine
+    for k in range(n):
+        engine = engines[k]
+        if engine.comm is NULL:
+            raise ValueError("engine is closed")
+        comms[k] = engine.comm
+        shares[k] = weights[k]
+        fill_args(&args[k], collective, algorithm, inputs[k], outputs[k], counts[k], dtype, op, estimator, root, 0,
+                  loss_budget, deadline_s, 0, 0, copies)
+    with nogil:
+        status = udt_collective_striped(comms, args, stats, shares, n, &merged, &failed)
+    engine = engines[failed]
+    return status, merged, failed, native_error(udt_comm_error(engine.comm)) if status != UDT_OK else None
 
 
 # Pure helpers, exported so tests and the simulator check the C arithmetic itself.

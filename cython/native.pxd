@@ -102,6 +102,7 @@ cdef extern from "engine.h" nogil:
         UDT_MAX_WORLD
         UDT_MAX_END_REPEATS
         UDT_MAX_COPIES
+        UDT_MAX_STRIPES
         UDT_OK
         UDT_ERR_LOSS_BUDGET
         UDT_ERR_PEER_TIMEOUT
@@ -169,6 +170,8 @@ cdef extern from "engine.h" nogil:
         int32_t mismatched_rank
         int32_t deadline_expired
         int32_t in_place
+        uint32_t stripes
+        uint32_t stripes_vetoed
 
     struct udt_collective_args:
         int collective
@@ -195,6 +198,9 @@ cdef extern from "engine.h" nogil:
     void udt_comm_destroy(udt_comm *comm)
     int udt_comm_set_peers(udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes)
     int udt_collective(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats)
+    int udt_collective_striped(udt_comm *const *comms, const udt_collective_args *args, udt_collective_stats *stats,
+                               const double *weights, uint32_t count, udt_collective_stats *merged,
+                               uint32_t *failed_stripe)
     uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank,
                                   uint32_t world_size, uint32_t chunk_bytes)
     int udt_call_start(udt_comm *comm, const udt_collective_args *args, udt_collective_stats *stats, uint64_t now_ns)

@@ -1364,6 +1364,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     memset(stats, 0, sizeof *stats);
     stats->silent_rank = -1;
     stats->mismatched_rank = -1;
+    stats->stripes = 1;
     stats->delivered_fraction = stats->reduce_fraction = stats->gather_fraction = 1.0;
     stats->own_reduce_fraction = stats->own_gather_fraction = 1.0;
     stats->deadline_s = args->deadline_s;
@@ -1565,7 +1566,9 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     return c->phase == PHASE_DONE ? 2 : progressed;
 }
 
-int udt_call_finish(struct udt_comm *comm, uint64_t now)
+/* A veto other than UDT_OK fails a call whose own verdict was OK (a sibling stripe failed):
+ * the tensor is put back as for any failure. */
+static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
 {
     struct call *c = &comm->call;
     struct udt_collective_stats *st = c->stats;
@@ -1582,11 +1585,26 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     if (c->n > 1)
         st->delivered_fraction = delivered_fraction(c);
     int status = c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
+    if (status == UDT_OK && veto != UDT_OK) {
+        status = veto;
+        st->stripes_vetoed = 1;
+    }
     if (status == UDT_OK)
         udt_write_output(c);
     else
         restore_originals(c);
     return status;
+}
+
+int udt_call_finish(struct udt_comm *comm, uint64_t now)
+{
+    return finish_call(comm, now, UDT_OK);
+}
+
+int udt_collective_verdict(struct udt_comm *comm)
+{
+    struct call *c = &comm->call;
+    return c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
 }
 
 /* The transport failed mid-call: the call ends there, the tensor as it was given. */
@@ -1599,7 +1617,7 @@ static int end_on_transport_error(struct udt_comm *comm)
     return UDT_ERR_TRANSPORT;
 }
 
-int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
+int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
 {
     uint64_t now = monotonic_ns();
     int rc = udt_call_start(comm, args, stats, now);
@@ -1631,13 +1649,25 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
         if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0)
             return end_on_transport_error(comm);
     }
-    uint64_t verdict_ns = monotonic_ns();
-    rc = udt_call_finish(comm, verdict_ns);
+    comm->call.verdict_ns = monotonic_ns();
+    return UDT_OK;
+}
+
+int udt_collective_settle(struct udt_comm *comm, int veto)
+{
+    struct call *c = &comm->call;
+    int rc = finish_call(comm, c->verdict_ns, veto);
     /* on a real clock the call ends once the result is written (or the tensor put back) */
     uint64_t end_ns = monotonic_ns();
-    stats->output_s = (double)(end_ns - verdict_ns) * 1e-9;
-    stats->elapsed_s = (double)(end_ns - comm->call.start_ns) * 1e-9;
+    c->stats->output_s = (double)(end_ns - c->verdict_ns) * 1e-9;
+    c->stats->elapsed_s = (double)(end_ns - c->start_ns) * 1e-9;
     return rc;
+}
+
+int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
+{
+    int rc = udt_collective_to_verdict(comm, args, stats);
+    return rc == UDT_OK ? udt_collective_settle(comm, UDT_OK) : rc;
 }
 
 /* ---- the communicator ------------------------------------------------------ */

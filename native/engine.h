@@ -118,6 +118,8 @@ struct udt_collective_stats {
     int32_t mismatched_rank;     /* -1 unless a peer called with another layout */
     int32_t deadline_expired;
     int32_t in_place;            /* the allreduce summed in the caller's tensor (Options.in_place_min_bytes) */
+    uint32_t stripes;            /* calls it ran as at once, each on its own transport (udt_collective_striped); 1 */
+    uint32_t stripes_vetoed;     /* of those, calls whose own verdict was OK that failed with a sibling stripe */
 };
 
 struct udt_comm;
@@ -142,6 +144,28 @@ uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
  * original saved in the scratch before its first write and put back if the call fails; other
  * calls accumulate in the scratch and write the output only on UDT_OK. */
 int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
+/* udt_collective in two halves, for a caller that decides one outcome for several calls
+ * (striped.c). to_verdict starts the call and steps it until its verdict is in: UDT_OK leaves
+ * the call awaiting settle; any other status means the call is over, the output as it was.
+ * verdict is that call's agreed status. settle ends it: the output is written when the verdict
+ * is UDT_OK and `veto` is UDT_OK, else put back, and the status (the veto, for a vetoed OK) is
+ * returned. */
+int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
+int udt_collective_verdict(struct udt_comm *comm);
+int udt_collective_settle(struct udt_comm *comm, int veto);
+
+#define UDT_MAX_STRIPES 16
+/* One collective split into `count` stripes run at once, one thread each: stripe k is args[k]
+ * on comms[k] (each its own transport; every rank splits the same way). The outcome is one for
+ * all: UDT_OK only when every stripe's verdict is; otherwise every stripe's output holds what
+ * it held before, and the status is the gravest of the stripes' (agreed ones agree across
+ * ranks). stats[k] are the stripes' own; `merged` sums them up (fractions weighted by
+ * weights[k], the stripes' shares of the tensor). *failed_stripe names the stripe whose status
+ * was returned (its comm holds the error message), 0 when all were OK. */
+int udt_collective_striped(struct udt_comm *const *comms, const struct udt_collective_args *args,
+                           struct udt_collective_stats *stats, const double *weights, uint32_t count,
+                           struct udt_collective_stats *merged, uint32_t *failed_stripe);
+
 /* The size args->chunk_mask must have for this collective and tensor (0: no mask offered). */
 uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, uint32_t rank, uint32_t world_size,
                               uint32_t chunk_bytes);

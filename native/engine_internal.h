@@ -118,6 +118,7 @@ struct call {
     uint64_t credits_walked_ns;
     int32_t mismatched_rank;
     uint64_t start_ns, deadline_ns, hard_deadline_ns;
+    uint64_t verdict_ns;         /* when the verdict was in (udt_collective_settle counts the output from there) */
     uint32_t heard_count;        /* peers known to be in this call */
     uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
     uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */

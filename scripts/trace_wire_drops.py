@@ -8,6 +8,7 @@ CPU's backlog drops (/proc/net/softnet_stat) and, with --port-queue, the switch 
 
     python3 scripts/trace_wire_drops.py                              # 4 ranks, MTU 1500, 100 calls
     python3 scripts/trace_wire_drops.py --calls 150 --port-queue 1000 --window-mib 16
+    python3 scripts/trace_wire_drops.py --algorithm ring --window-mib 16   # one sender per rank
 
 Needs root (network namespaces).
 """
@@ -59,9 +60,9 @@ def drop_counters(namespaces, switch):
     return counters
 
 
-def one_call(comm, count):
+def one_call(comm, count, algorithm):
     tensor = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
-    stats = comm.allreduce(tensor, loss_budget=1.0)
+    stats = comm.allreduce(tensor, loss_budget=1.0, algorithm=algorithm)
     closed = {name: getattr(stats, name) for name in ("steps_ended", "steps_superseded", "steps_answered",
                                                       "steps_timed_out", "dropped_stale") if getattr(stats, name)}
     return stats.delivered_fraction, stats.datagrams_received, stats.chunks_lost, stats.elapsed_s, closed
@@ -73,6 +74,7 @@ def main(argv=None):
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--mib", type=int, default=64, help="tensor size in MiB (float32)")
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--algorithm", default="auto", choices=("auto", "ring", "direct"))
     parser.add_argument("--window-mib", type=float, default=0,
                         help="the communicators' credit window (0: the library's default, 192 datagrams)")
     parser.add_argument("--port-queue", type=int, default=0,
@@ -94,7 +96,7 @@ def main(argv=None):
             broken, elapsed = 0, []
             for call in range(args.calls):
                 before = drop_counters(namespaces, switch)
-                per_rank = cluster.run(one_call, count)
+                per_rank = cluster.run(one_call, count, args.algorithm)
                 elapsed.append(max(rank[3] for rank in per_rank))
                 if all(rank[0] == 1.0 for rank in per_rank):
                     continue
@@ -105,7 +107,7 @@ def main(argv=None):
                           for r, rank in enumerate(per_rank) if rank[2]]
                 print(f"call {call}: {'; '.join(missed) or 'lost elsewhere'}; counters moved: {moved}", flush=True)
     print(f"{broken} of {args.calls} calls not whole; engine elapsed p50 {np.median(elapsed) * 1e3:.1f} ms "
-          f"({args.world_size} ranks, MTU {args.mtu}, window {f'{args.window_mib} MiB' if args.window_mib else 'default'}, "
+          f"({args.world_size} ranks, {args.algorithm}, MTU {args.mtu}, window {f'{args.window_mib} MiB' if args.window_mib else 'default'}, "
           f"port queue {args.port_queue or 'none'})")
     return 0
 

@@ -8,6 +8,7 @@ WIRE_VERSION: int
 MAX_WORLD_SIZE: int
 MAX_END_REPEATS: int
 MAX_COPIES: int
+MAX_STRIPES: int
 STATUS_OK: int
 STATUS_LOSS_BUDGET: int
 STATUS_PEER_TIMEOUT: int
@@ -93,6 +94,10 @@ class Engine:
             chunk_mask_bytes: int = ..., copies: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
     def close(self) -> None: ...
 
+def run_striped(engines: list[Engine], collective: int, algorithm: int, inputs: list[int], outputs: list[int],
+                counts: list[int], weights: list[float], dtype: int, op: int, estimator: int, root: int,
+                loss_budget: float, deadline_s: float,
+                copies: int = ...) -> tuple[int, dict[str, Any], int, NativeError | None]: ...
 def chunk_mask_bytes(collective: int, algorithm: int, count: int, dtype: int, rank: int, world_size: int,
                      chunk_bytes: int) -> int: ...
 def wire_element_bytes(dtype: int) -> int: ...

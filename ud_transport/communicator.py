@@ -9,7 +9,7 @@ from . import _native, algorithms, rendezvous, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
-from .options import check_copies, credit_window_bytes
+from .options import STRIPE_MIN_BYTES, check_copies, check_stripes, credit_window_bytes
 from .stats import CollectiveStats
 from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
@@ -131,6 +131,7 @@ class Communicator:
         self.store = store  # the torch Store of the rendezvous, free for the caller's own use
         self.options = options
         self.transport_name = transports.choose(transport)
+        stripes = check_stripes(options.stripes, self.transport_name)
         self._lock = threading.Lock()
         self._deadlines = DeadlineEstimator(options.deadline_multiplier, options.deadline_floor_s, options.deadline_cap_s)
         self._engine = None
@@ -141,41 +142,54 @@ class Communicator:
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
-        endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id)
-        # Everyone publishes its address and the largest datagram it can take;
+        # Everyone publishes each of its sockets' address and the largest datagram it can take;
         # all ranks then use the same chunk size, which fits everyone's MTU.
-        mine = struct.pack("<I", endpoint.max_datagram_bytes) + endpoint.address
-        everyone = rendezvous.exchange(store, f"{prefix}/address", rank, world_size, mine, timeout)
-        if len({len(v) for v in everyone}) != 1:
-            kinds = sorted({len(v) - 4 for v in everyone})
+        endpoints, addresses = [], []
+        for stripe in range(stripes):
+            endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id, stripe)
+            endpoints.append(endpoint)
+            mine = struct.pack("<I", endpoint.max_datagram_bytes) + endpoint.address
+            key = f"{prefix}/address" + (f"/{stripe}" if stripe else "")
+            addresses.append(rendezvous.exchange(store, key, rank, world_size, mine, timeout))
+        if len({len(v) for everyone in addresses for v in everyone}) != 1:
+            kinds = sorted({len(v) - 4 for everyone in addresses for v in everyone})
             raise TransportError(f"ranks opened different transports (address sizes {kinds} bytes): "
                                  "set the same transport (UD_TRANSPORT) on every rank")
-        largest_payload = min(struct.unpack_from("<I", v)[0] for v in everyone) - _native.HEADER_BYTES
+        largest_payload = min(struct.unpack_from("<I", v)[0] for everyone in addresses for v in everyone) \
+            - _native.HEADER_BYTES
         chunk_bytes = options.chunk_bytes or largest_payload
         if chunk_bytes > largest_payload:
             raise ValueError(f"chunk_bytes {chunk_bytes} exceeds what one datagram carries here ({largest_payload})")
         chunk_bytes -= chunk_bytes % 8 if chunk_bytes >= 8 else 0  # whole elements of every dtype
+        endpoint = endpoints[0]
         self.address = endpoint.address
         # The window must fit what the kernel granted, not what was asked (UDP; 0 for verbs).
         self.receive_buffer_bytes = endpoint.receive_buffer_bytes
         self.transport_description = endpoint.describe()
-        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes, self.transport_name)
+        # Stripes share the window: the receive ring in front of a rank is one for all its sockets.
+        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes, self.transport_name) // stripes
         self._overflow_warned = False
         if self.receive_buffer_bytes:
             forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)
             self.window_bytes = transports.fit_window(self.window_bytes, self.receive_buffer_bytes,
                                                       options.socket_buffer_bytes, forced,
                                                       chunk_bytes + _native.HEADER_BYTES)
+        self._stripes = []
         try:
-            self._engine = _native.Engine(endpoint, rank, world_size, session_id,
-                                          options.engine_options(chunk_bytes, self.window_bytes))
-            self._engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
+            for endpoint, everyone in zip(endpoints, addresses):
+                engine = _native.Engine(endpoint, rank, world_size, session_id,
+                                        options.engine_options(chunk_bytes, self.window_bytes))
+                self._stripes.append(engine)
+                engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
+            self._engine = self._stripes[0] if self._stripes else None
             self.close()
             raise TransportError.caused_by(str(error), error) from error
+        self._engine = self._stripes[0]
         self.chunk_bytes = chunk_bytes
-        log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s", rank, world_size, self.transport_name,
-                 chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "")
+        log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s%s", rank, world_size, self.transport_name,
+                 chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "",
+                 f", {stripes} stripes (window each)" if stripes > 1 else "")
 
     # -- collectives ------------------------------------------------------
 
@@ -485,6 +499,23 @@ class Communicator:
         if part.count != part_count:
             raise ValueError(f"{part_name} has {part.count} elements; {description} has {part_count}")
 
+    def _stripes_for(self, collective, nbytes, mask_address):
+        """The engines a call runs on as stripes, or None to run it on one. The same on every
+        rank: it depends only on what every rank passes alike."""
+        count = len(self._stripes)
+        if count > 1 and collective in (_native.COLLECTIVE_ALLREDUCE, _native.COLLECTIVE_BROADCAST) \
+                and not mask_address and nbytes >= count * STRIPE_MIN_BYTES:
+            return self._stripes
+        return None
+
+    @staticmethod
+    def _stripe_layout(view, count):
+        """(inputs, outputs, counts, weights) of `count` contiguous stripes of an in-place view."""
+        bounds = [view.count * k // count for k in range(count + 1)]
+        addresses = [view.address + start * view.element_bytes for start in bounds[:-1]]
+        counts = [stop - start for start, stop in zip(bounds, bounds[1:])]
+        return addresses, addresses, counts, [part / view.count for part in counts]
+
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
              algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None):
         op_value = op_code(op)
@@ -503,10 +534,16 @@ class Communicator:
                 raise TransportError("communicator is closed")
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            status, raw, native_error = self._engine.run(
-                collective, algorithms.CODES[algorithm_name], source.address if source else 0,
-                target.address if target else 0, count, target.dtype_code if target else 0, op_value, estimator_value,
-                root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies)
+            stripes = self._stripes_for(collective, nbytes, mask_address)
+            if stripes:
+                status, raw, _, native_error = _native.run_striped(
+                    stripes, collective, algorithms.CODES[algorithm_name], *self._stripe_layout(target, len(stripes)),
+                    target.dtype_code, op_value, estimator_value, root, budget, deadline_s, copies)
+            else:
+                status, raw, native_error = self._engine.run(
+                    collective, algorithms.CODES[algorithm_name], source.address if source else 0,
+                    target.address if target else 0, count, target.dtype_code if target else 0, op_value,
+                    estimator_value, root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies)
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:
@@ -544,6 +581,8 @@ class Communicator:
         >>> comm.close()  # doctest: +SKIP
         """
         with self._lock:
+            for engine in getattr(self, "_stripes", []):
+                engine.close()
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None

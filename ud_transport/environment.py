@@ -28,6 +28,8 @@ VARIABLES = (
     Variable("UD_STORE_TIMEOUT", (("option", "store_timeout_s"),), "60.0", "seconds within which every rendezvous failure is raised"),
     Variable("UD_ALGORITHM", (("option", "algorithm"),), "auto", "ring, direct or auto (by world size)"),
     Variable("UD_COPIES", (("option", "copies"),), "1", "times each data datagram is sent (1-4): lost only if every copy is"),
+    Variable("UD_STRIPES", (("option", "stripes"),), "1",
+             "UDP: sockets and threads per rank a large allreduce or broadcast is split over"),
     Variable("UD_IN_PLACE_MIN_BYTES", (("option", "in_place_min_bytes"),), "-1",
              "an allreduce at least this large sums in the caller's tensor; -1 = the CPU's largest cache, 0 = every one"),
     Variable("UD_TRANSPORT", (("backend", "transport"),), "auto",

@@ -21,6 +21,9 @@ WINDOW_DATAGRAMS = 192
 # slow (1 MiB: 105 against 54 ms), and whether converging senders overflow a RoCE NIC cannot be
 # measured here.
 VERBS_WINDOW_BYTES = 16 * MIB
+# A call is split into stripes only when each gets at least this much: below, the threads'
+# start and the extra verdict rounds cost more than spreading the work saves.
+STRIPE_MIN_BYTES = 1 * MIB
 
 
 def credit_window_bytes(window_bytes, chunk_bytes, transport="udp"):
@@ -85,6 +88,14 @@ class Options:
     copies : int, default 1
         The ``copies`` of a call that passes None: each data datagram goes out this many times
         (1 to ``_native.MAX_COPIES``), so a chunk is lost only if every copy is. ``UD_COPIES``.
+    stripes : int, default 1
+        UDP only: sockets, and threads, each rank runs a large allreduce or broadcast on. A call
+        of at least ``STRIPE_MIN_BYTES`` per stripe is split into this many contiguous parts run
+        at once, each on its own socket and thread, with one outcome (OK only if every part
+        is; otherwise the tensor is put back whole) and merged stats; the loss budget holds
+        for each part, so for the whole. The credit window is shared out among the parts. More
+        than 1 pays where a rank has cores to spare (README, "Stripes"). 1 to
+        ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
         up to 16x; JOIN requests up to 128x).
@@ -148,6 +159,7 @@ class Options:
     estimator: str = "unbiased"
     algorithm: str = "auto"
     copies: int = 1
+    stripes: int = 1
     agree_resend_us: int = 1000
     join_timeout_s: float = 300.0
     bind_address: str = ""
@@ -178,6 +190,7 @@ class Options:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         check_copies(self.copies)
+        check_stripes(self.stripes)
         if not -1 <= self.in_place_min_bytes < 1 << 63:
             raise ValueError(f"in_place_min_bytes must be -1 (the CPU's largest cache) or a byte count, got {self.in_place_min_bytes!r}")
         if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
@@ -203,6 +216,15 @@ def check_copies(copies):
     if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= _native.MAX_COPIES:
         raise ValueError(f"copies must be an integer from 1 to {_native.MAX_COPIES}, got {copies!r}")
     return copies
+
+
+def check_stripes(stripes, transport="udp"):
+    """`stripes` if it is an integer from 1 to _native.MAX_STRIPES that `transport` can run, else ValueError."""
+    if isinstance(stripes, bool) or not isinstance(stripes, int) or not 1 <= stripes <= _native.MAX_STRIPES:
+        raise ValueError(f"stripes must be an integer from 1 to {_native.MAX_STRIPES}, got {stripes!r}")
+    if stripes > 1 and transport != "udp":
+        raise ValueError(f"stripes={stripes} needs the UDP transport; {transport} runs one stripe (UD_STRIPES=1)")
+    return stripes
 
 
 def build(**overrides):

@@ -106,6 +106,13 @@ class CollectiveStats:
         A rank not heard from (the one a PeerTimeout names); -1 when every peer was heard.
     mismatched_rank : int
         A rank that called with another layout; -1 when none did.
+    stripes : int
+        Parts the call ran as at once, each on its own socket and thread (``Options.stripes``);
+        1 for a call that was not split. Counters are summed over the stripes, times are the
+        longest stripe's, fractions are weighted by each stripe's share of the tensor.
+    stripes_vetoed : int
+        Stripes whose own verdict was OK but that failed with the call because another stripe
+        failed (the tensor is put back whole).
     collective : str
         "allreduce", "reduce_scatter", "all_gather", "broadcast" or "agree".
     algorithm : str
@@ -161,6 +168,8 @@ class CollectiveStats:
     in_place: bool
     silent_rank: int
     mismatched_rank: int
+    stripes: int
+    stripes_vetoed: int
     collective: str = ""
     algorithm: str = ""
     transport: str = ""

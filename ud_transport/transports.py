@@ -172,8 +172,9 @@ def open_verbs(bind_address, options, session_id):
     return _native.Transport.adopt(transport.detach())
 
 
-def open_transport(name, bind_address, options, rank, session_id):
-    """A native Transport for this rank; session_id seeds per-session settings (verbs: the Q_Key)."""
+def open_transport(name, bind_address, options, rank, session_id, stripe=0):
+    """A native Transport for this rank; session_id seeds per-session settings (verbs: the Q_Key).
+    `stripe` > 0 opens another of the rank's sockets (Options.stripes), with its own loss stream."""
     if name == "verbs":
         transport = open_verbs(bind_address, options, session_id)
     elif name == "udp":
@@ -184,5 +185,5 @@ def open_transport(name, bind_address, options, rank, session_id):
     else:
         raise TransportError(f"unknown transport {name!r}")
     if options.inject is not None:
-        transport.inject_loss(seed=rank_seed(options.inject.seed, rank), **options.inject.native_parameters())
+        transport.inject_loss(seed=rank_seed(options.inject.seed, rank + stripe * _native.MAX_WORLD_SIZE), **options.inject.native_parameters())
     return transport
