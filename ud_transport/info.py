@@ -88,7 +88,9 @@ def udp_report():
             "receive_buffer_bytes": granted, "receive_buffer_asked": settings.socket_buffer_bytes,
             "receive_buffer_forced": bool(features & _native.UDP_RCVBUF_FORCED), "datagram_bytes": datagram,
             "overflow_drops_counted": bool(features & _native.UDP_DROPS_COUNTED),
-            "window_bytes_asked": (asked := options.credit_window_bytes(settings.window_bytes, datagram - _native.HEADER_BYTES)),
+            "stripes": settings.stripes,  # each stripe's socket gets this window over the stripe count
+            "window_bytes_asked": (asked := options.credit_window_bytes(settings.window_bytes, datagram - _native.HEADER_BYTES)
+                                   // settings.stripes),
             "window_bytes": transports.window_that_fits(granted, datagram, asked),
             "description": transport.describe()}
 
@@ -134,7 +136,8 @@ def render(report, out):
         print(f"udp on {udp['bind_address']}: GSO {'on' if udp['gso'] else 'off'}, GRO {'on' if udp['gro'] else 'off'}, "
               f"receive buffer granted {udp['receive_buffer_bytes']} bytes (asked {asked}, {how}), "
               f"credit window {udp['window_bytes']} of {udp['window_bytes_asked']} bytes "
-              f"for {udp['datagram_bytes']}-byte datagrams", file=out)
+              f"for {udp['datagram_bytes']}-byte datagrams"
+              + (f", per socket of {udp['stripes']} stripes" if udp["stripes"] > 1 else ""), file=out)
         print(f"  {udp['description']}", file=out)
         if capped and udp["window_bytes"] < udp["window_bytes_asked"]:
             print(f"  the window was lowered to fit the buffer; `sysctl -w net.core.rmem_max={asked}` "
