@@ -96,6 +96,13 @@ cdef class Transport:
             udt_transport_destroy(self.ptr)
             self.ptr = NULL
 
+    def close(self):
+        """Release the socket (or queue pair) now; one an Engine took is the Engine's to close."""
+        if self.ptr is not NULL:
+            udt_transport_destroy(self.ptr)
+            self.ptr = NULL
+            self.udp_ptr = NULL
+
     @staticmethod
     def udp(str bind_address, int port, uint32_t socket_buffer_bytes):
         cdef udt_error error

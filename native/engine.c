@@ -1617,7 +1617,17 @@ static int end_on_transport_error(struct udt_comm *comm)
     return UDT_ERR_TRANSPORT;
 }
 
-int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
+/* Another stripe's outcome made this call moot (striped.c): it ends here, the tensor as given. */
+static int abandon_call(struct udt_comm *comm, int status)
+{
+    comm->call.phase = PHASE_IDLE;
+    restore_originals(&comm->call);
+    comm->call.stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
+    return status;
+}
+
+int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats,
+                              const int *cancel)
 {
     uint64_t now = monotonic_ns();
     int rc = udt_call_start(comm, args, stats, now);
@@ -1628,6 +1638,8 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
     uint64_t spin_started_ns = 0;
     for (;;) {
         uint64_t wake = 0;
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
+            return abandon_call(comm, UDT_ERR_CANCELLED);
         now = monotonic_ns();
         rc = udt_call_progress(comm, now, &wake);
         if (rc < 0)
@@ -1666,7 +1678,7 @@ int udt_collective_settle(struct udt_comm *comm, int veto)
 
 int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats)
 {
-    int rc = udt_collective_to_verdict(comm, args, stats);
+    int rc = udt_collective_to_verdict(comm, args, stats, NULL);
     return rc == UDT_OK ? udt_collective_settle(comm, UDT_OK) : rc;
 }
 
@@ -1768,3 +1780,4 @@ int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence)
     return 0;
 }
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm) { return comm->options.chunk_bytes; }
+uint32_t udt_comm_sequence(const struct udt_comm *comm) { return comm->sequence; }

@@ -27,6 +27,7 @@ enum udt_status {
     UDT_ERR_TRANSPORT = 4,
     UDT_ERR_NO_MEMORY = 5,
     UDT_ERR_LAYOUT_MISMATCH = 6, /* a rank called with another collective, size, dtype, op or root */
+    UDT_ERR_CANCELLED = 7,       /* inside udt_collective_striped only: another stripe ended the call */
 };
 
 enum udt_op { UDT_OP_SUM = 0, UDT_OP_MEAN = 1 };
@@ -137,6 +138,8 @@ const struct udt_error *udt_comm_error(const struct udt_comm *comm);
  * calls. Returns -1 during a call. */
 int udt_comm_set_sequence(struct udt_comm *comm, uint32_t sequence);
 uint32_t udt_comm_chunk_bytes(const struct udt_comm *comm);
+/* The sequence number of the last call started (udt_comm_set_sequence sets it). */
+uint32_t udt_comm_sequence(const struct udt_comm *comm);
 
 /* Run one collective to the end. On UDT_OK the output holds the result; on any other status it
  * holds what it held before. An allreduce in place (input == output, a type summed as sent:
@@ -147,10 +150,13 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
 /* udt_collective in two halves, for a caller that decides one outcome for several calls
  * (striped.c). to_verdict starts the call and steps it until its verdict is in: UDT_OK leaves
  * the call awaiting settle; any other status means the call is over, the output as it was.
+ * `cancel` (NULL: none) is read between steps: once another thread sets it, the call is
+ * abandoned, its output put back, and UDT_ERR_CANCELLED returned.
  * verdict is that call's agreed status. settle ends it: the output is written when the verdict
  * is UDT_OK and `veto` is UDT_OK, else put back, and the status (the veto, for a vetoed OK) is
  * returned. */
-int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats);
+int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats,
+                              const int *cancel);
 int udt_collective_verdict(struct udt_comm *comm);
 int udt_collective_settle(struct udt_comm *comm, int veto);
 

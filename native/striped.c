@@ -14,6 +14,7 @@ struct stripe_job {
     struct udt_comm *comm;
     const struct udt_collective_args *args;
     struct udt_collective_stats *stats;
+    int *cancel; /* shared by the stripes of one call */
     int veto;
     int rc;
 };
@@ -21,7 +22,15 @@ struct stripe_job {
 static void *stripe_to_verdict(void *p)
 {
     struct stripe_job *job = p;
-    job->rc = udt_collective_to_verdict(job->comm, job->args, job->stats);
+    job->rc = udt_collective_to_verdict(job->comm, job->args, job->stats, job->cancel);
+    /* Ranks that disagree on a call's layout can disagree on whether it is striped (its size
+     * decides), and then a striped rank's other stripes would wait out the join timeout for
+     * ranks that never run them. Every rank runs stripe 0 and learns the mismatch there, so it
+     * ends the others at once. Only a mismatch does: ending stripes on other failures would
+     * leave their peers waiting in verdict rounds that this rank had left. */
+    int status = job->rc != UDT_OK ? job->rc : udt_collective_verdict(job->comm);
+    if (status == UDT_ERR_LAYOUT_MISMATCH)
+        __atomic_store_n(job->cancel, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -57,12 +66,13 @@ static int gravity(int status)
 {
     switch (status) {
     case UDT_OK: return 0;
-    case UDT_ERR_LOSS_BUDGET: return 1;
-    case UDT_ERR_PEER_TIMEOUT: return 2;
-    case UDT_ERR_LAYOUT_MISMATCH: return 3;
-    case UDT_ERR_TRANSPORT: return 4;
-    case UDT_ERR_NO_MEMORY: return 5;
-    default: return 6; /* UDT_ERR_INVALID_ARGUMENT */
+    case UDT_ERR_CANCELLED: return 1; /* only ever beside the mismatch that cancelled it */
+    case UDT_ERR_LOSS_BUDGET: return 2;
+    case UDT_ERR_PEER_TIMEOUT: return 3;
+    case UDT_ERR_LAYOUT_MISMATCH: return 4;
+    case UDT_ERR_TRANSPORT: return 5;
+    case UDT_ERR_NO_MEMORY: return 6;
+    default: return 7; /* UDT_ERR_INVALID_ARGUMENT */
     }
 }
 
@@ -109,14 +119,19 @@ int udt_collective_striped(struct udt_comm *const *comms, const struct udt_colle
 {
     struct stripe_job jobs[UDT_MAX_STRIPES];
     int active[UDT_MAX_STRIPES];
+    int cancel = 0;
     *failed_stripe = 0;
-    if (count == 0 || count > UDT_MAX_STRIPES) {
-        memset(merged, 0, sizeof *merged);
-        merged->silent_rank = merged->mismatched_rank = -1;
+    memset(merged, 0, sizeof *merged);
+    merged->silent_rank = merged->mismatched_rank = -1;
+    if (count == 0 || count > UDT_MAX_STRIPES)
         return UDT_ERR_INVALID_ARGUMENT;
-    }
     for (uint32_t k = 0; k < count; k++) {
-        jobs[k] = (struct stripe_job){comms[k], &args[k], &stats[k], UDT_OK, UDT_OK};
+        /* Stripes 1.. run only in striped calls, stripe 0 in every call: numbering this call's
+         * stripes after stripe 0 keeps every rank's stripe k on the same call, even after ranks
+         * disagreed on whether an earlier call was striped. */
+        if (k > 0 && udt_comm_set_sequence(comms[k], udt_comm_sequence(comms[0])) != 0)
+            return UDT_ERR_INVALID_ARGUMENT; /* a stripe is in a call already (used from two threads) */
+        jobs[k] = (struct stripe_job){comms[k], &args[k], &stats[k], &cancel, UDT_OK, UDT_OK};
         active[k] = 1;
     }
     run_all(jobs, active, count, stripe_to_verdict);
@@ -136,5 +151,10 @@ int udt_collective_striped(struct udt_comm *const *comms, const struct udt_colle
     run_all(jobs, active, count, stripe_settle);
     for (uint32_t k = 0; k < count; k++)
         merge_stats(merged, &stats[k], weights[k], k == 0);
+    /* the rank an error names is the failing stripe's, as its message is */
+    if (outcome != UDT_OK) {
+        merged->silent_rank = stats[*failed_stripe].silent_rank;
+        merged->mismatched_rank = stats[*failed_stripe].mismatched_rank;
+    }
     return outcome;
 }

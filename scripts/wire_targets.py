@@ -7,6 +7,7 @@ taking turns call by call in that run; every ratio compares figures of the same 
     python3 scripts/wire_targets.py                     # every case, 100 iterations each
     python3 scripts/wire_targets.py --only veth1500,bridge4 --iterations 100
     python3 scripts/wire_targets.py --with-many-ranks   # also 8 and 16 ranks on the bridge (16 MiB)
+    python3 scripts/wire_targets.py --stripes 1,2,4     # every case at each UD_STRIPES (where cores are to spare)
 """
 import argparse
 import json
@@ -31,12 +32,13 @@ MANY_RANKS = {
 TAIL_OWN, TAIL_GLOO = 1.5, 3.0  # ud p99 <= 1.5x its own p50; Gloo's p99 >= 3x ud's
 
 
-def run_case(name, arguments, iterations, directory):
+def run_case(name, arguments, iterations, directory, stripes):
     out = os.path.join(directory, f"{name}.json")
     command = [sys.executable, "-m", "ud_transport", "bench", *arguments.split(), "--iterations", str(iterations),
                "--no-progress", "--json", out]
-    print(f"## {name}: {' '.join(command[1:])}", flush=True)
-    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    environment = dict(os.environ, **({"UD_STRIPES": stripes} if stripes else {}))
+    print(f"## {name}: {f'UD_STRIPES={stripes} ' if stripes else ''}{' '.join(command[1:])}", flush=True)
+    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     print(finished.stdout, flush=True)
     if finished.returncode != 0 or not os.path.exists(out):
         return None, None
@@ -72,6 +74,9 @@ def main():
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join([*CASES, *MANY_RANKS]))
     parser.add_argument("--with-many-ranks", action="store_true", help="also 8 and 16 ranks on the bridge")
+    parser.add_argument("--stripes", default="",
+                        help="comma-separated UD_STRIPES values: each case runs once per value (Gloo in every run); "
+                             "unset: as the environment says")
     args = parser.parse_args()
     cases = dict(CASES, **(MANY_RANKS if args.with_many_ranks else {}))
     if args.only:
@@ -84,8 +89,10 @@ def main():
              "|---|---|---|---|---|---|---|"]
     copies = []
     with tempfile.TemporaryDirectory(prefix="wire-targets-") as directory:
-        for name, (arguments, check, target) in cases.items():
-            rows, copy_ms = run_case(name, arguments, args.iterations, directory)
+        runs = [(f"{name}/s{stripes}" if "," in args.stripes else name, stripes, case)
+                for name, case in cases.items() for stripes in args.stripes.split(",")]
+        for name, stripes, (arguments, check, target) in runs:
+            rows, copy_ms = run_case(name.replace("/", "-"), arguments, args.iterations, directory, stripes)
             if copy_ms is not None:
                 copies.append(copy_ms)
             if rows is None:

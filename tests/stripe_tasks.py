@@ -62,3 +62,23 @@ def put_back_when_a_stripe_fails(comm, calls, count):
         except ud_transport.LossBudgetExceeded as error:
             outcomes.append(("loss", error.stats.stripes_vetoed, bool((tensor == original).all())))
     return outcomes
+
+
+def mismatch_then_matching(comm, count):
+    """Calls where rank 0, then rank 1, strips and the other does not, each followed by a call
+    alike on every rank: per call "mismatch", "exact" or what went wrong."""
+    outcomes = []
+    for striping_rank in (0, 1):
+        size = count if comm.rank == striping_rank else 1024
+        try:
+            comm.allreduce(np.ones(size, dtype=np.float32), loss_budget=0.0)
+            outcomes.append("no error")
+        except ud_transport.LayoutMismatch:
+            outcomes.append("mismatch")
+        except ud_transport.TransportError as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+        tensor = rank_values(comm.rank, count, "float32")
+        stats = comm.allreduce(tensor, loss_budget=0.0)
+        exact = stats.stripes == 2 and np.array_equal(tensor.astype(np.float64), expected_allreduce(comm.world_size, count))
+        outcomes.append("exact" if exact else f"wrong (stripes {stats.stripes})")
+    return outcomes

@@ -135,18 +135,39 @@ class Communicator:
         self._lock = threading.Lock()
         self._deadlines = DeadlineEstimator(options.deadline_multiplier, options.deadline_floor_s, options.deadline_cap_s)
         self._engine = None
+        self._overflow_warned = False
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION)
+        identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
+        self._stripes = []
+        endpoints = []
+        try:
+            self._open_stripes(endpoints, bind, options, prefix, timeout, stripes)
+        except BaseException:
+            for engine in self._stripes:
+                engine.close()
+            for endpoint in endpoints:
+                endpoint.close()  # the sockets no engine took (an engine's own are closed above)
+            self._stripes = []
+            raise
+        self._engine = self._stripes[0]
+        log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s%s", rank, world_size, self.transport_name,
+                 self.chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "",
+                 f", {stripes} stripes (window each)" if stripes > 1 else "")
+
+    def _open_stripes(self, endpoints, bind, options, prefix, timeout, stripes):
+        """Open this rank's sockets (one per stripe) into `endpoints`, meet the other ranks' and
+        make an engine for each into self._stripes; sets chunk_bytes, window_bytes and the rest."""
+        rank, world_size, store = self.rank, self.world_size, self.store
         # Everyone publishes each of its sockets' address and the largest datagram it can take;
         # all ranks then use the same chunk size, which fits everyone's MTU.
-        endpoints, addresses = [], []
+        addresses = []
         for stripe in range(stripes):
-            endpoint = transports.open_transport(self.transport_name, bind, options, rank, session_id, stripe)
+            endpoint = transports.open_transport(self.transport_name, bind, options, rank, self.session_id, stripe)
             endpoints.append(endpoint)
             mine = struct.pack("<I", endpoint.max_datagram_bytes) + endpoint.address
             key = f"{prefix}/address" + (f"/{stripe}" if stripe else "")
@@ -166,30 +187,23 @@ class Communicator:
         # The window must fit what the kernel granted, not what was asked (UDP; 0 for verbs).
         self.receive_buffer_bytes = endpoint.receive_buffer_bytes
         self.transport_description = endpoint.describe()
-        # Stripes share the window: the receive ring in front of a rank is one for all its sockets.
-        self.window_bytes = credit_window_bytes(options.window_bytes, chunk_bytes, self.transport_name) // stripes
-        self._overflow_warned = False
+        # Stripes share the window: the receive ring in front of a rank is one for all its sockets
+        # (each stripe still gets the engine's floor of 16 chunks).
+        self.window_bytes = max(credit_window_bytes(options.window_bytes, chunk_bytes, self.transport_name) // stripes, 1)
         if self.receive_buffer_bytes:
             forced = bool(endpoint.udp_features & _native.UDP_RCVBUF_FORCED)
             self.window_bytes = transports.fit_window(self.window_bytes, self.receive_buffer_bytes,
                                                       options.socket_buffer_bytes, forced,
                                                       chunk_bytes + _native.HEADER_BYTES)
-        self._stripes = []
         try:
             for endpoint, everyone in zip(endpoints, addresses):
-                engine = _native.Engine(endpoint, rank, world_size, session_id,
+                engine = _native.Engine(endpoint, rank, world_size, self.session_id,
                                         options.engine_options(chunk_bytes, self.window_bytes))
                 self._stripes.append(engine)
                 engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:
-            self._engine = self._stripes[0] if self._stripes else None
-            self.close()
             raise TransportError.caused_by(str(error), error) from error
-        self._engine = self._stripes[0]
         self.chunk_bytes = chunk_bytes
-        log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s%s", rank, world_size, self.transport_name,
-                 chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "",
-                 f", {stripes} stripes (window each)" if stripes > 1 else "")
 
     # -- collectives ------------------------------------------------------
 

@@ -93,9 +93,10 @@ class Options:
         of at least ``STRIPE_MIN_BYTES`` per stripe is split into this many contiguous parts run
         at once, each on its own socket and thread, with one outcome (OK only if every part
         is; otherwise the tensor is put back whole) and merged stats; the loss budget holds
-        for each part, so for the whole. The credit window is shared out among the parts. More
-        than 1 pays where a rank has cores to spare (README, "Stripes"). 1 to
-        ``_native.MAX_STRIPES``. ``UD_STRIPES``.
+        for each part, so for the whole. The credit window is shared out among the parts (each
+        keeps the engine's floor of 16 chunks, so above 12 stripes the parts together exceed
+        the default 192 datagrams). More than 1 pays where a rank has cores to spare (README,
+        "Stripes"). Every rank must set the same. 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
         up to 16x; JOIN requests up to 128x).
