@@ -3,7 +3,6 @@ threads per rank, run at once, with one outcome. Exact without loss in every dty
 uneven splits; small and sharded calls stay on one stripe; under loss every rank agrees on
 each call's merged verdict; and when one stripe fails while another succeeds, the whole
 tensor is put back (the successful stripe is vetoed)."""
-import numpy as np
 import pytest
 
 import stripe_tasks
