@@ -147,7 +147,7 @@ int udt_collective_striped(struct udt_comm *const *comms, const struct udt_colle
         active[k] = jobs[k].rc == UDT_OK; /* the others are over already, their output as it was */
     }
     for (uint32_t k = 0; k < count; k++)
-        jobs[k].veto = outcome;
+        jobs[k].veto = outcome; /* after the loop: a later stripe can still make the outcome graver */
     run_all(jobs, active, count, stripe_settle);
     for (uint32_t k = 0; k < count; k++)
         merge_stats(merged, &stats[k], weights[k], k == 0);

@@ -135,6 +135,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._deadlines = DeadlineEstimator(options.deadline_multiplier, options.deadline_floor_s, options.deadline_cap_s)
         self._engine = None
+        self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
@@ -143,7 +144,6 @@ class Communicator:
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
-        self._stripes = []
         endpoints = []
         try:
             self._open_stripes(endpoints, bind, options, prefix, timeout, stripes)
@@ -595,11 +595,10 @@ class Communicator:
         >>> comm.close()  # doctest: +SKIP
         """
         with self._lock:
-            for engine in getattr(self, "_stripes", []):
+            for engine in self._stripes:  # stripe 0 is self._engine
                 engine.close()
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+            self._stripes = []
+            self._engine = None
 
     @property
     def closed(self):
