@@ -155,6 +155,17 @@ def test_fsdp2_trains_on_backend_ud_as_on_gloo():
     assert not torch.equal(gloo[0], torch_tasks.flat_parameters(torch_tasks.small_model(0)))
 
 
+def test_backend_ud_with_two_stripes_matches_gloo():
+    """A "ud" group whose communicator runs two stripes: all_reduce (SUM, AVG) and broadcast
+    of 6 MiB tensors and 3 DDP steps over a 4 MiB gradient give what Gloo gives, on every
+    rank, and the calls did run on two stripes."""
+    per_rank = get_cluster(2, chunk_bytes=256).run(torch_tasks.striped_backend, tag())
+    for rank, (results, stripes) in enumerate(per_rank):
+        assert stripes == {"all_reduce": 2, "ddp": 2}, f"rank {rank}"
+        for name, (ud, gloo) in results.items():
+            torch.testing.assert_close(ud, gloo, rtol=0, atol=1e-6, msg=f"rank {rank} {name}")
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
     """torchrun starts `world` ranks with init_process_group(backend="ud"):

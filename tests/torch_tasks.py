@@ -303,3 +303,37 @@ def auto_copies(comm, steps):
         optimizer.zero_grad()
     assert sum(optimizer.copies_used.values()) == steps
     return sent, optimizer.last_stats.reduce_fraction
+
+
+def striped_backend(comm, tag):
+    """A "ud" group with two stripes beside Gloo, no loss injected: all_reduce (SUM, AVG; lossy
+    calls, so whole only if no datagram is lost) and broadcast of 6 MiB tensors, and 3 DDP steps of a model with one 4 MiB parameter (one bucket), the same
+    inputs on both. Returns {name: (ud result, gloo result)} and the stripes the ud group's
+    last lossy call ran on."""
+    options = udt.BackendOptions(loss_budget=0.1, deadline=10.0, communicator={"stripes": 2})  # lossy: striped, stats kept
+    generator = torch.Generator().manual_seed(7 + comm.rank)
+    inputs = {op: torch.randn(3 << 19, generator=generator) for op in ("SUM", "AVG")}
+    source = torch.randn(3 << 19, generator=generator)
+    data = [(torch.randn(6, 1024, generator=generator), torch.randn(6, 1024, generator=generator)) for _ in range(3)]
+    out, stripes = {}, {}
+    with gloo_world(comm, f"striped-{tag}"):
+        groups = {"ud": dist.new_group(backend="ud", pg_options=options), "gloo": dist.new_group(backend="gloo")}
+        for name, group in groups.items():
+            results = {}
+            for op, tensor in inputs.items():
+                results[f"all_reduce_{op}"] = tensor.clone()
+                dist.all_reduce(results[f"all_reduce_{op}"], op=getattr(dist.ReduceOp, op), group=group)
+            if name == "ud":
+                stripes["all_reduce"] = group.last_stats.stripes
+            results["broadcast"] = source.clone()
+            dist.broadcast(results["broadcast"], src=1, group=group)
+            torch.manual_seed(comm.rank)  # ranks start apart; DDP's broadcast aligns them
+            model = torch.nn.Linear(1024, 1024, bias=False)  # one parameter, so one bucket
+            ddp = DDP(model, process_group=group)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+            train(ddp, lambda: (optimizer.step(), optimizer.zero_grad()), data)
+            if name == "ud":
+                stripes["ddp"] = group.last_stats.stripes
+            results["ddp"] = flat_parameters(model)
+            out[name] = results
+    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, stripes

@@ -12,7 +12,6 @@ rescaling and stale retention (both measured in the README's training table):
   owner's value; the next chunk that arrives replaces it exactly, so drift stays bounded.
 
 Both work chunk by chunk from the engine's chunk masks (Communicator.chunk_mask)."""
-import numpy as np
 import torch
 
 from .. import exact
