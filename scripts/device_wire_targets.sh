@@ -6,7 +6,7 @@
 #   here:   bash scripts/device_wire_targets.sh --download        # apt-get download into .netdebs/ (ignored)
 #   test:   NETDEBS_ROOT=/tmp/netdebs PATH=... bash scripts/device_wire_targets.sh --tools
 #   there:  bash scripts/device_wire_targets.sh --run [wire_targets.py arguments]
-#           run(command="bash scripts/device_wire_targets.sh --run --stripes 1,2,4", carry=[".netdebs"])
+#           run(command="bash scripts/device_wire_targets.sh --run", carry=[".netdebs"], timeout_s=600)
 #
 # --run unpacks the packages into $NETDEBS_ROOT (default /opt/netdebs) unless `ip` and `nft` are
 # already there, puts wrappers that find their libraries first on PATH, builds the extension
