@@ -14,8 +14,12 @@
 # iterations, stripes 1,2,4: about 8 minutes on 16 cores), the log also in $OUT/wire_targets.log
 # when $OUT is set.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+SCRIPT=$(realpath "$0")
+cd "$(dirname "$SCRIPT")/.."
 
+# ip, nft and what they link that a Python image may lack; the base libraries (libc, libselinux,
+# libtinfo, ...) are taken from the machine. Only ip and nft (and what `ip netns exec` starts) see
+# these libraries: the ranks enter their namespaces with setns, not through ip.
 PACKAGES=(nftables libnftables1 libnftnl11 libmnl0 libjansson4 libxtables12 libgmp10 libedit2 libbsd0 libmd0
           iproute2 libbpf1 libelf1 libcap2 libdb5.3 libtirpc3)
 ROOT=${NETDEBS_ROOT:-/opt/netdebs}
@@ -55,10 +59,12 @@ tools() {
     timeout 5 nft --version
     local probe="udt-probe-$$"
     ip netns add "$probe"
+    trap "ip netns del $probe 2>/dev/null || true" EXIT
     ip -n "$probe" link add probe0 type veth peer name probe1
     ip -n "$probe" link add probebr type bridge
     echo "netns, veth and bridge work"
     ip netns del "$probe"
+    trap - EXIT
 }
 
 run() {
@@ -79,5 +85,5 @@ case "${1:-}" in
     --download) download ;;
     --tools) tools ;;
     --run) shift; run "$@" ;;
-    *) sed -n '2,15p' "$0"; exit 2 ;;
+    *) sed -n '2,15p' "$SCRIPT"; exit 2 ;;
 esac

@@ -307,15 +307,21 @@ def auto_copies(comm, steps):
 
 def striped_backend(comm, tag):
     """A "ud" group with two stripes beside Gloo, no loss injected: all_reduce (SUM, AVG; lossy
-    calls, so whole only if no datagram is lost) and broadcast of 6 MiB tensors, and 3 DDP steps of a model with one 4 MiB parameter (one bucket), the same
-    inputs on both. Returns {name: (ud result, gloo result)} and the stripes the ud group's
-    last lossy call ran on."""
+    calls, so whole only if no datagram is lost) and broadcast of 6 MiB tensors, and 3 DDP steps
+    of a model with one 4 MiB parameter (one bucket), the same inputs on both. Returns {name:
+    (ud result, gloo result)} and, per lossy ud call (each all_reduce, DDP's last bucket), the
+    stripes it ran on and its delivered fraction."""
     options = udt.BackendOptions(loss_budget=0.1, deadline=10.0, communicator={"stripes": 2})  # lossy: striped, stats kept
     generator = torch.Generator().manual_seed(7 + comm.rank)
     inputs = {op: torch.randn(3 << 19, generator=generator) for op in ("SUM", "AVG")}
     source = torch.randn(3 << 19, generator=generator)
     data = [(torch.randn(6, 1024, generator=generator), torch.randn(6, 1024, generator=generator)) for _ in range(3)]
-    out, stripes = {}, {}
+    out, calls = {}, {}
+
+    def record(group, name):
+        stats, group.last_stats = group.last_stats, None  # None: a call that keeps no stats is seen
+        calls[name] = (stats.stripes, stats.delivered_fraction) if stats is not None else None
+
     with gloo_world(comm, f"striped-{tag}"):
         groups = {"ud": dist.new_group(backend="ud", pg_options=options), "gloo": dist.new_group(backend="gloo")}
         for name, group in groups.items():
@@ -323,8 +329,8 @@ def striped_backend(comm, tag):
             for op, tensor in inputs.items():
                 results[f"all_reduce_{op}"] = tensor.clone()
                 dist.all_reduce(results[f"all_reduce_{op}"], op=getattr(dist.ReduceOp, op), group=group)
-            if name == "ud":
-                stripes["all_reduce"] = group.last_stats.stripes
+                if name == "ud":
+                    record(group, f"all_reduce_{op}")
             results["broadcast"] = source.clone()
             dist.broadcast(results["broadcast"], src=1, group=group)
             torch.manual_seed(comm.rank)  # ranks start apart; DDP's broadcast aligns them
@@ -333,7 +339,7 @@ def striped_backend(comm, tag):
             optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-2)
             train(ddp, lambda: (optimizer.step(), optimizer.zero_grad()), data)
             if name == "ud":
-                stripes["ddp"] = group.last_stats.stripes
+                record(group, "ddp")
             results["ddp"] = flat_parameters(model)
             out[name] = results
-    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, stripes
+    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, calls
