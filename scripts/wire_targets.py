@@ -33,6 +33,10 @@ MANY_RANKS = {
     "bridge16": ("--hosts veth --mtu 1500 --world-size 16 --sizes 16M --algorithm auto,ring", "p50", None),
 }
 TAIL_OWN, TAIL_GLOO = 1.5, 3.0  # ud p99 <= 1.5x its own p50; Gloo's p99 >= 3x ud's
+# ud's p99 at 1% loss over its p99 at one in a million on the same path (loss_veth1500 against
+# rules_veth1500): what the loss itself adds to the tail, which Gloo's luck with TCP timeouts
+# does not move (the README says why this is the better half of the tail target)
+LOSS_TAIL_GROWTH = 1.1
 
 
 def run_case(name, arguments, iterations, directory, stripes):
@@ -72,6 +76,20 @@ def verdicts(name, check, target, rows):
     return lines
 
 
+def loss_growth(name, lossy_rows, baseline_rows):
+    """One line: each backend's p50 and p99 at 1% loss over the same at one in a million."""
+    baseline = {r["backend"]: r for r in baseline_rows}
+    cells = []
+    for r in lossy_rows:
+        base = baseline.get(r["backend"])
+        if base is None:
+            continue
+        p50, p99 = r["p50_ms"] / base["p50_ms"], r["p99_ms"] / base["p99_ms"]
+        verdict = "" if r["backend"] == "gloo" else f" (p99 <= {LOSS_TAIL_GROWTH}: {'met' if p99 <= LOSS_TAIL_GROWTH else 'not met'})"
+        cells.append(f"{r['backend']} p50 {p50:.2f}x, p99 {p99:.2f}x{verdict}")
+    return f"# {name}, 1% loss over one in a million on the same path: " + "; ".join(cells)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=100)
@@ -90,7 +108,7 @@ def main():
         cases = {w: {**CASES, **MANY_RANKS}[w] for w in wanted}
     table = ["| case | backend | ud p50 / p99 ms | Gloo p50 / p99 ms | ud / Gloo p50, p99 | delivered % | target |",
              "|---|---|---|---|---|---|---|"]
-    copies = []
+    copies, results = [], {}
     with tempfile.TemporaryDirectory(prefix="wire-targets-") as directory:
         runs = [(f"{name}/s{stripes}" if "," in args.stripes else name, stripes, case)
                 for name, case in cases.items() for stripes in args.stripes.split(",")]
@@ -101,8 +119,12 @@ def main():
             if rows is None:
                 table.append(f"| {name} | (the run failed or skipped; its output is above) | | | | | |")
                 continue
+            results[name] = rows
             table.extend(verdicts(name, check, target, rows))
     print("\n".join(table))
+    for name in results:
+        if name.startswith("loss_veth1500") and name.replace("loss_", "rules_") in results:
+            print(loss_growth(name, results[name], results[name.replace("loss_", "rules_")]))
     if copies:
         print(f"# one 64 MiB memory copy took {min(copies):.1f}-{max(copies):.1f} ms on this machine during these runs "
               "(ud_transport makes more passes over memory than Gloo: its ratios depend on it)")
