@@ -26,7 +26,6 @@ import argparse
 import importlib.metadata
 import json
 import math
-import os
 import sys
 import time
 

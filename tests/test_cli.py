@@ -84,6 +84,15 @@ def test_info_says_from_what_size_an_allreduce_sums_in_place():
     assert "in the caller's tensor from 65536 bytes up" in run("info", env=env).stdout
 
 
+def test_info_says_how_many_stripes_and_cores():
+    env = dict(os.environ, UD_STRIPES="2")
+    report = json.loads(run("info", "--json", env=env).stdout)
+    assert report["stripes"] == 2 and report["cores"] == len(os.sched_getaffinity(0))
+    text = run("info", env=env).stdout
+    assert f"run on 2 stripes (stripes / UD_STRIPES), with {report['cores']} cores available" in text
+    assert "run on 1 stripe (" in run("info", env=dict(os.environ, UD_STRIPES="1")).stdout
+
+
 def test_unknown_command_says_what_was_wrong_and_exits_2():
     result = run("frobnicate")
     assert result.returncode == 2 and result.stdout == ""

@@ -1,7 +1,6 @@
 """reduce_scatter, all_gather, broadcast and agree, on both schedules: exact
 without loss; under loss, stale chunks keep their old value bit for bit and
 every rank reaches the same verdict on every call."""
-import datetime
 
 import numpy as np
 import pytest

@@ -49,7 +49,6 @@ def test_unbiased_under_kernel_loss(lossy_cluster, algorithm):
 
 def test_exempt_port_is_spared_and_the_rest_is_dropped():
     """The namespace drops TCP at random except on the exempt port (the store's)."""
-    import socket
     import subprocess
     import sys
 

@@ -4,7 +4,6 @@ ordinary call, not "none")."""
 import pytest
 
 import tasks
-import ud_transport
 from conftest import get_cluster
 from ud_transport import _native
 from ud_transport import options as options_module

@@ -6,7 +6,6 @@ On a real (soft) RDMA device: tests/verbs_guest/guest_bindings.py, run in the So
 test_bindings_in_the_softroce_guest (one boot shared with the other verbs test files).
 """
 import errno
-import logging
 import os
 import pickle
 import subprocess
@@ -14,7 +13,7 @@ import sys
 
 import pytest
 
-from ud_transport import options, transports, verbs_extension
+from ud_transport import transports, verbs_extension
 from ud_transport.errors import TransportError
 from verbs_guest import rig_session
 

@@ -52,7 +52,10 @@ def gather(device=None):
         except OSError as error:
             report["choice_problem"] = str(error)
     report["udp"] = udp_report()
-    report["in_place_min_bytes"] = options.build().resolved_in_place_min_bytes()
+    settings = options.build()
+    report["in_place_min_bytes"] = settings.resolved_in_place_min_bytes()
+    report["stripes"] = settings.stripes
+    report["cores"] = len(os.sched_getaffinity(0))  # what this process may run on (a container's share)
     report["transports"] = availability(report["udp"])
     try:
         report["transport"] = transports.choose("auto")
@@ -144,6 +147,11 @@ def render(report, out):
                   "would give the socket what it asks", file=out)
     print(f"allreduce sums in the caller's tensor from {report['in_place_min_bytes']} bytes up, in the scratch below "
           "(in_place_min_bytes / UD_IN_PLACE_MIN_BYTES; by default the CPU's largest cache)", file=out)
+    stripes = report["stripes"]
+    print(f"allreduce and broadcast of {options.STRIPE_MIN_BYTES} bytes per stripe and more run on {stripes} "
+          f"stripe{'s' if stripes > 1 else ''} (stripes / UD_STRIPES), with {report['cores']} cores available to this "
+          "process: each stripe is a thread and a socket of its own, which pays only where every local rank has "
+          "cores to spare", file=out)
     print(f"transport='auto' resolves to: {report['transport']}"
           + (f" (UD_TRANSPORT={os.environ['UD_TRANSPORT']})" if os.environ.get("UD_TRANSPORT") else ""), file=out)
     print("override with device= / UD_DEVICE, port= / UD_PORT, gid_index= / UD_GID_INDEX", file=out)

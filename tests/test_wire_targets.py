@@ -1,0 +1,53 @@
+"""scripts/wire_targets.py judges its rows as the README says: ratios of the same run, the tail
+target's two halves, and the loss-growth check (1% loss over one in a million on one path).
+Pure arithmetic on made-up rows: the benchmark runs themselves are not repeated here."""
+import importlib.util
+import pathlib
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "wire_targets.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("wire_targets", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(backend, p50, p99, delivered=100.0):
+    return {"backend": backend, "p50_ms": p50, "p99_ms": p99, "delivered_percent": delivered}
+
+
+def test_p50_target_compares_rows_of_the_same_run():
+    targets = load()
+    lines = targets.verdicts("veth1500", "p50", 1.0, [row("ud-auto", 99.0, 120.0), row("gloo", 100.0, 150.0)])
+    assert lines == ["| veth1500 | ud-auto | 99.0 / 120.0 | 100.0 / 150.0 | 0.99x, 0.80x | 100.000 | p50 <= 1.0x: met |"]
+    slower = targets.verdicts("veth1500", "p50", 1.0, [row("ud-auto", 101.0, 120.0), row("gloo", 100.0, 150.0)])
+    assert slower[0].endswith("p50 <= 1.0x: not met |")
+
+
+def test_tail_target_needs_both_halves():
+    targets = load()
+    both = targets.verdicts("loss", "tail", None, [row("ud-auto", 100.0, 140.0, 99.2), row("gloo", 150.0, 450.0)])
+    assert "ud p99/p50 1.40 (<= 1.5), Gloo p99/ud p99 3.21 (>= 3.0): met" in both[0]
+    gloo_lucky = targets.verdicts("loss", "tail", None, [row("ud-auto", 100.0, 140.0), row("gloo", 150.0, 400.0)])
+    assert gloo_lucky[0].endswith(": not met |")
+    own_tail = targets.verdicts("loss", "tail", None, [row("ud-auto", 100.0, 160.0), row("gloo", 150.0, 900.0)])
+    assert own_tail[0].endswith(": not met |")
+
+
+def test_loss_growth_is_each_backend_over_its_own_baseline():
+    targets = load()
+    lossy = [row("ud-auto", 210.0, 250.0), row("gloo", 290.0, 700.0)]
+    baseline = [row("ud-auto", 210.0, 230.0), row("gloo", 230.0, 280.0)]
+    line = targets.loss_growth("loss_veth1500", lossy, baseline)
+    assert "ud-auto p50 1.00x, p99 1.09x (p99 <= 1.1: met)" in line
+    assert "gloo p50 1.26x, p99 2.50x" in line and "gloo p50 1.26x, p99 2.50x (" not in line
+    grown = targets.loss_growth("loss_veth1500", [row("ud-auto", 210.0, 254.0)], baseline)
+    assert "(p99 <= 1.1: not met)" in grown
+
+
+def test_the_loss_pair_is_one_path_at_two_losses():
+    targets = load()
+    lossy, baseline = targets.CASES["loss_veth1500"][0], targets.CASES["rules_veth1500"][0]
+    assert lossy.replace("--kernel-loss 0.01", "--kernel-loss 0.000001") == baseline
