@@ -1566,6 +1566,12 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     return c->phase == PHASE_DONE ? 2 : progressed;
 }
 
+int udt_collective_verdict(struct udt_comm *comm)
+{
+    struct call *c = &comm->call;
+    return c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
+}
+
 /* A veto other than UDT_OK fails a call whose own verdict was OK (a sibling stripe failed):
  * the tensor is put back as for any failure. */
 static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
@@ -1584,7 +1590,7 @@ static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
     c->phase = PHASE_IDLE;
     if (c->n > 1)
         st->delivered_fraction = delivered_fraction(c);
-    int status = c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
+    int status = udt_collective_verdict(comm);
     if (status == UDT_OK && veto != UDT_OK) {
         status = veto;
         st->stripes_vetoed = 1;
@@ -1601,29 +1607,20 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
     return finish_call(comm, now, UDT_OK);
 }
 
-int udt_collective_verdict(struct udt_comm *comm)
-{
-    struct call *c = &comm->call;
-    return c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
-}
-
-/* The transport failed mid-call: the call ends there, the tensor as it was given. */
-static int end_on_transport_error(struct udt_comm *comm)
-{
-    comm->call.phase = PHASE_IDLE;
-    restore_originals(&comm->call);
-    comm->error = comm->transport->error;
-    comm->call.stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
-    return UDT_ERR_TRANSPORT;
-}
-
-/* Another stripe's outcome made this call moot (striped.c): it ends here, the tensor as given. */
+/* The call ends here, before its verdict, the tensor as it was given: another stripe's outcome
+ * made it moot (striped.c), or its transport failed. */
 static int abandon_call(struct udt_comm *comm, int status)
 {
     comm->call.phase = PHASE_IDLE;
     restore_originals(&comm->call);
     comm->call.stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
     return status;
+}
+
+static int end_on_transport_error(struct udt_comm *comm)
+{
+    comm->error = comm->transport->error;
+    return abandon_call(comm, UDT_ERR_TRANSPORT);
 }
 
 int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats,

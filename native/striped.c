@@ -17,6 +17,7 @@ struct stripe_job {
     int *cancel; /* shared by the stripes of one call */
     int veto;
     int rc;
+    int status; /* rc, or for a call that reached its verdict the verdict */
 };
 
 static void *stripe_to_verdict(void *p)
@@ -28,8 +29,8 @@ static void *stripe_to_verdict(void *p)
      * ranks that never run them. Every rank runs stripe 0 and learns the mismatch there, so it
      * ends the others at once. Only a mismatch does: ending stripes on other failures would
      * leave their peers waiting in verdict rounds that this rank had left. */
-    int status = job->rc != UDT_OK ? job->rc : udt_collective_verdict(job->comm);
-    if (status == UDT_ERR_LAYOUT_MISMATCH)
+    job->status = job->rc != UDT_OK ? job->rc : udt_collective_verdict(job->comm);
+    if (job->status == UDT_ERR_LAYOUT_MISMATCH)
         __atomic_store_n(job->cancel, 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -131,7 +132,7 @@ int udt_collective_striped(struct udt_comm *const *comms, const struct udt_colle
          * disagreed on whether an earlier call was striped. */
         if (k > 0 && udt_comm_set_sequence(comms[k], udt_comm_sequence(comms[0])) != 0)
             return UDT_ERR_INVALID_ARGUMENT; /* a stripe is in a call already (used from two threads) */
-        jobs[k] = (struct stripe_job){comms[k], &args[k], &stats[k], &cancel, UDT_OK, UDT_OK};
+        jobs[k] = (struct stripe_job){comms[k], &args[k], &stats[k], &cancel, UDT_OK, UDT_OK, UDT_OK};
         active[k] = 1;
     }
     run_all(jobs, active, count, stripe_to_verdict);
@@ -139,9 +140,8 @@ int udt_collective_striped(struct udt_comm *const *comms, const struct udt_colle
      * ones, since each stripe's verdict is agreed and every rank combines them alike. */
     int outcome = UDT_OK;
     for (uint32_t k = 0; k < count; k++) {
-        int status = jobs[k].rc != UDT_OK ? jobs[k].rc : udt_collective_verdict(comms[k]);
-        if (gravity(status) > gravity(outcome)) {
-            outcome = status;
+        if (gravity(jobs[k].status) > gravity(outcome)) {
+            outcome = jobs[k].status;
             *failed_stripe = k;
         }
         active[k] = jobs[k].rc == UDT_OK; /* the others are over already, their output as it was */
