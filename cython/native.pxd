@@ -150,6 +150,8 @@ cdef extern from "engine.h" nogil:
         uint64_t agree_messages_sent
         uint64_t join_messages_sent
         uint64_t receive_overflow_drops
+        uint64_t send_calls
+        uint64_t receive_calls
         uint64_t verdict_acks_presumed
         double elapsed_s
         double deadline_s

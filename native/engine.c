@@ -1395,6 +1395,8 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     set_deadlines(c, now, comm->options.join_timeout_ms * 1e-3);
     c->drops_before = comm->transport->counter_injected_drops;
     c->overflows_before = comm->transport->counter_receive_overflows;
+    c->send_calls_before = comm->transport->counter_send_calls;
+    c->receive_calls_before = comm->transport->counter_receive_calls;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         peer->credit_limit = 0;
@@ -1587,6 +1589,8 @@ static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
     struct udt_collective_stats *st = c->stats;
     st->injected_drops = comm->transport->counter_injected_drops - c->drops_before;
     st->receive_overflow_drops = comm->transport->counter_receive_overflows - c->overflows_before;
+    st->send_calls = comm->transport->counter_send_calls - c->send_calls_before;
+    st->receive_calls = comm->transport->counter_receive_calls - c->receive_calls_before;
     st->mismatched_rank = c->mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
     if (c->phase != PHASE_DONE) {

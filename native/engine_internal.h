@@ -124,6 +124,7 @@ struct call {
     uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
     uint64_t drops_before;
     uint64_t overflows_before;   /* the transport's receive-overflow count when the call started */
+    uint64_t send_calls_before, receive_calls_before; /* its system-call counts then */
     /* verdict round */
     uint8_t my_verdict[UDT_VERDICT_BYTES];
     uint32_t verdicts_got, verdicts_acked;

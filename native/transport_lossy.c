@@ -53,6 +53,7 @@ static int lossy_send(struct udt_transport *t, const struct udt_send_item *items
 {
     struct lossy_transport *l = (struct lossy_transport *)t;
     int rc = udt_transport_send(l->inner, items, count);
+    t->counter_send_calls = l->inner->counter_send_calls;
     if (rc < 0)
         t->error = l->inner->error;
     return rc;
@@ -63,6 +64,7 @@ static int lossy_recv(struct udt_transport *t, struct udt_recv_item *items, int 
     struct lossy_transport *l = (struct lossy_transport *)t;
     int got = udt_transport_recv(l->inner, items, max_items);
     t->counter_receive_overflows = l->inner->counter_receive_overflows;
+    t->counter_receive_calls = l->inner->counter_receive_calls;
     if (got < 0) {
         t->error = l->inner->error;
         return got;

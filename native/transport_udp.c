@@ -325,6 +325,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
         int messages = build_messages(u, items + done, count - done);
         int sent = sendmmsg(u->fd, u->send_msgs, (unsigned)messages, MSG_DONTWAIT);
         u->counters.send_calls++;
+        t->counter_send_calls++;
         if (sent < 0) {
             int error = errno;
             if (error == EAGAIN || error == ENOBUFS || error == EINTR)
@@ -445,8 +446,10 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
         udp_call_failed(u, "recvmmsg", errno);
         return -errno;
     }
-    if (got > 0)
+    if (got > 0) {
         u->counters.recv_calls++;
+        t->counter_receive_calls++;
+    }
     for (int i = 0; i < got; i++) {
         struct msghdr *h = &u->recv_msgs[i].msg_hdr;
         uint32_t bytes = u->recv_msgs[i].msg_len, segment = 0;

@@ -548,3 +548,13 @@ def calls_with_copies(comm, collective, count, calls, copies, algorithm, deadlin
             stats = comm.broadcast(output, 0, **common)
         rows.append((output.astype(np.float64), want.astype(np.float64), stats))
     return rows
+
+
+def system_calls_of_a_large_then_a_small_call(comm, large_count, small_count):
+    """Allreduce `large_count` float32, then `small_count`: each call's (datagrams sent, send_calls,
+    receive_calls, datagrams received)."""
+    out = []
+    for count in (large_count, small_count):
+        stats = comm.allreduce(np.ones(count, dtype=np.float32), loss_budget=0.0)
+        out.append((stats.datagrams_sent, stats.send_calls, stats.receive_calls, stats.datagrams_received))
+    return out

@@ -363,3 +363,20 @@ def test_datagrams_dropped_at_a_full_socket_are_counted_exactly():
     finally:
         receiver.close()
 
+
+
+def test_each_call_reports_the_system_calls_it_made():
+    """stats.send_calls and receive_calls are the call's own sendmmsg and recvmmsg counts: a large
+    call batches many MTU-sized datagrams per system call, and the small call after it reports
+    only its own few. A count carried over from the large call would be larger than the large
+    call's own, which the window (192 datagrams in flight) keeps at 16 or more receives for 4 MiB."""
+    from conftest import get_cluster
+    import tasks
+
+    cluster = get_cluster(2, chunk_bytes=1400)
+    for large, small in cluster.run(tasks.system_calls_of_a_large_then_a_small_call, (4 << 20) // 4, 64):
+        sent, send_calls, receive_calls, received = large
+        assert 1 <= send_calls and 4 * send_calls <= sent, large  # sendmmsg batches, GSO trains
+        assert 1 <= receive_calls and 4 * receive_calls <= received, large  # recvmmsg batches, GRO
+        assert 1 <= small[1] <= small[0] and small[1] < send_calls, (small, large)
+        assert 1 <= small[2] < receive_calls, (small, large)

@@ -82,6 +82,10 @@ class CollectiveStats:
     receive_overflow_drops : int
         Datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss:
         lower ``Options.window_bytes`` or raise ``net.core.rmem_max``).
+    send_calls, receive_calls : int
+        System calls this rank's transport made during the call that sent datagrams, and that
+        returned some (UDP: ``sendmmsg`` and ``recvmmsg``; 0 on verbs). ``datagrams_sent /
+        send_calls`` is the batching the kernel got: with UDP GSO one call carries up to 64 KB.
     verdict_acks_presumed : int
         Peers whose acknowledgement of this rank's verdict was presumed (silent long after it
         went to them).
@@ -156,6 +160,8 @@ class CollectiveStats:
     agree_messages_sent: int
     join_messages_sent: int
     receive_overflow_drops: int
+    send_calls: int
+    receive_calls: int
     verdict_acks_presumed: int
     steps_ended: int
     steps_superseded: int
