@@ -235,10 +235,9 @@ static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
 }
 
 /* A grown credit goes out once it grew by half a window (or on the refresh timer). Bigger
- * grants let a sender fill its send batches: at 4 ranks on a bridge, MTU 1500, 64 MiB, a
- * quarter window left it about 20 datagrams per sendmmsg; half a window measured 1.14-1.15x
- * Gloo's p50 against 1.17-1.22x (scripts/wire_targets.py --only bridge4, three pairs). The
- * window still bounds what is in flight either way. */
+ * grants fill a sender's send batches: at 4 ranks on a bridge, MTU 1500, 64 MiB, 22.7 datagrams
+ * per sendmmsg against 19.5 with a quarter, 15% fewer send calls (stats.send_calls; measured in
+ * docs/wire_measurements.md, "The credit window"). The window bounds what is in flight either way. */
 #define CREDIT_GROWTH_DIVISOR 2
 
 /* Credits: walk the open receive steps in order and hand out the window,
@@ -1581,16 +1580,24 @@ int udt_collective_verdict(struct udt_comm *comm)
     return c->n > 1 ? udt_verdict_status(c, comm) : UDT_OK;
 }
 
+/* What the transport counted during the call (its counters run across calls). */
+static void note_transport_counters(struct udt_comm *comm)
+{
+    const struct call *c = &comm->call;
+    const struct udt_transport *t = comm->transport;
+    c->stats->injected_drops = t->counter_injected_drops - c->drops_before;
+    c->stats->receive_overflow_drops = t->counter_receive_overflows - c->overflows_before;
+    c->stats->send_calls = t->counter_send_calls - c->send_calls_before;
+    c->stats->receive_calls = t->counter_receive_calls - c->receive_calls_before;
+}
+
 /* A veto other than UDT_OK fails a call whose own verdict was OK (a sibling stripe failed):
  * the tensor is put back as for any failure. */
 static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
 {
     struct call *c = &comm->call;
     struct udt_collective_stats *st = c->stats;
-    st->injected_drops = comm->transport->counter_injected_drops - c->drops_before;
-    st->receive_overflow_drops = comm->transport->counter_receive_overflows - c->overflows_before;
-    st->send_calls = comm->transport->counter_send_calls - c->send_calls_before;
-    st->receive_calls = comm->transport->counter_receive_calls - c->receive_calls_before;
+    note_transport_counters(comm);
     st->mismatched_rank = c->mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
     if (c->phase != PHASE_DONE) {
@@ -1624,6 +1631,7 @@ static int abandon_call(struct udt_comm *comm, int status)
 {
     comm->call.phase = PHASE_IDLE;
     restore_originals(&comm->call);
+    note_transport_counters(comm);
     comm->call.stats->elapsed_s = (double)(monotonic_ns() - comm->call.start_ns) * 1e-9;
     return status;
 }

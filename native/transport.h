@@ -62,7 +62,7 @@ struct udt_transport {
     uint64_t counter_injected_drops; /* filled by the loss-injection wrapper */
     uint64_t counter_receive_overflows; /* datagrams the kernel dropped at our socket, its receive queue full
                                          * (UDP: SO_RXQ_OVFL, as reported with the next datagram received) */
-    uint64_t counter_send_calls;    /* system calls that sent (UDP: sendmmsg); 0 where not counted (verbs, memory) */
+    uint64_t counter_send_calls;    /* send system calls made, refused ones too (UDP: sendmmsg); 0 where not counted (verbs, memory) */
     uint64_t counter_receive_calls; /* system calls that returned datagrams (UDP: recvmmsg) */
     struct udt_peer_ports *ports; /* peers known gone; NULL where the transport cannot tell (verbs, memory) */
     struct udt_error error; /* of the last failed operation */

@@ -107,6 +107,10 @@ struct udt_transport *udt_lossy_wrap(struct udt_transport *inner, const struct u
     l->base.max_datagram_bytes = inner->max_datagram_bytes;
     l->base.address_bytes = inner->address_bytes;
     memcpy(l->base.address, inner->address, sizeof l->base.address);
+    /* the counters the wrapper mirrors start where the inner transport's are */
+    l->base.counter_receive_overflows = inner->counter_receive_overflows;
+    l->base.counter_send_calls = inner->counter_send_calls;
+    l->base.counter_receive_calls = inner->counter_receive_calls;
     l->inner = inner;
     l->model = *model;
     l->rng_state = model->seed;

@@ -551,10 +551,10 @@ def calls_with_copies(comm, collective, count, calls, copies, algorithm, deadlin
 
 
 def system_calls_of_a_large_then_a_small_call(comm, large_count, small_count):
-    """Allreduce `large_count` float32, then `small_count`: each call's (datagrams sent, send_calls,
-    receive_calls, datagrams received)."""
+    """Allreduce `large_count` float32, then `small_count`: the transport's description and each
+    call's (datagrams sent, send_calls, receive_calls, datagrams received)."""
     out = []
     for count in (large_count, small_count):
         stats = comm.allreduce(np.ones(count, dtype=np.float32), loss_budget=0.0)
         out.append((stats.datagrams_sent, stats.send_calls, stats.receive_calls, stats.datagrams_received))
-    return out
+    return comm.transport_description, out

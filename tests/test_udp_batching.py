@@ -374,7 +374,10 @@ def test_each_call_reports_the_system_calls_it_made():
     import tasks
 
     cluster = get_cluster(2, chunk_bytes=1400)
-    for large, small in cluster.run(tasks.system_calls_of_a_large_then_a_small_call, (4 << 20) // 4, 64):
+    for description, (large, small) in cluster.run(tasks.system_calls_of_a_large_then_a_small_call,
+                                                    (4 << 20) // 4, 64):
+        if "gso=on" not in description or "gro=on" not in description:
+            skip_or_fail(f"this kernel gives no UDP GSO/GRO on loopback ({description})")
         sent, send_calls, receive_calls, received = large
         assert 1 <= send_calls and 4 * send_calls <= sent, large  # sendmmsg batches, GSO trains
         assert 1 <= receive_calls and 4 * receive_calls <= received, large  # recvmmsg batches, GRO

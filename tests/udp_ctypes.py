@@ -37,7 +37,8 @@ class NativeError(ctypes.Structure):  # struct udt_error (native/error.h)
 class TransportBase(ctypes.Structure):  # struct udt_transport (native/transport.h)
     _fields_ = [("ops", ctypes.POINTER(Ops)), ("max_datagram_bytes", ctypes.c_uint32), ("address_bytes", ctypes.c_uint32),
                 ("address", ctypes.c_uint8 * 64), ("counter_injected_drops", ctypes.c_uint64),
-                ("counter_receive_overflows", ctypes.c_uint64), ("ports", ctypes.c_void_p), ("error", NativeError)]
+                ("counter_receive_overflows", ctypes.c_uint64), ("counter_send_calls", ctypes.c_uint64),
+                ("counter_receive_calls", ctypes.c_uint64), ("ports", ctypes.c_void_p), ("error", NativeError)]
 
 
 class Counters(ctypes.Structure):

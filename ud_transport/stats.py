@@ -6,7 +6,7 @@ NOTABLE_DROPS = ("injected_drops", "receive_overflow_drops", "dropped_stale", "d
                  "dropped_invalid", "dropped_early")
 
 
-# repr=False: the generated repr lists all 40 fields; ours is one readable line
+# repr=False: the generated repr lists every field; ours is one readable line
 @dataclass(frozen=True, repr=False)
 class CollectiveStats:
     """Outcome of one collective call on one rank, returned by every collective.
@@ -83,9 +83,10 @@ class CollectiveStats:
         Datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss:
         lower ``Options.window_bytes`` or raise ``net.core.rmem_max``).
     send_calls, receive_calls : int
-        System calls this rank's transport made during the call that sent datagrams, and that
-        returned some (UDP: ``sendmmsg`` and ``recvmmsg``; 0 on verbs). ``datagrams_sent /
-        send_calls`` is the batching the kernel got: with UDP GSO one call carries up to 64 KB.
+        System calls this rank's transport made during the call: every ``sendmmsg`` (one the
+        full socket refused too), and each ``recvmmsg`` that returned datagrams (UDP; 0 on verbs).
+        ``datagrams_sent / send_calls`` is the batching the kernel got: one call carries up to
+        32 datagrams, in GSO messages of up to 64 KB each.
     verdict_acks_presumed : int
         Peers whose acknowledgement of this rank's verdict was presumed (silent long after it
         went to them).
