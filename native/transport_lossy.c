@@ -49,11 +49,19 @@ static int lossy_set_peers(struct udt_transport *t, const uint8_t *a, uint32_t b
     return rc;
 }
 
+/* The inner transport's counters, as the engine reads them from the wrapper. */
+static void mirror_counters(struct lossy_transport *l)
+{
+    l->base.counter_receive_overflows = l->inner->counter_receive_overflows;
+    l->base.counter_send_calls = l->inner->counter_send_calls;
+    l->base.counter_receive_calls = l->inner->counter_receive_calls;
+}
+
 static int lossy_send(struct udt_transport *t, const struct udt_send_item *items, int count)
 {
     struct lossy_transport *l = (struct lossy_transport *)t;
     int rc = udt_transport_send(l->inner, items, count);
-    t->counter_send_calls = l->inner->counter_send_calls;
+    mirror_counters(l);
     if (rc < 0)
         t->error = l->inner->error;
     return rc;
@@ -63,8 +71,7 @@ static int lossy_recv(struct udt_transport *t, struct udt_recv_item *items, int 
 {
     struct lossy_transport *l = (struct lossy_transport *)t;
     int got = udt_transport_recv(l->inner, items, max_items);
-    t->counter_receive_overflows = l->inner->counter_receive_overflows;
-    t->counter_receive_calls = l->inner->counter_receive_calls;
+    mirror_counters(l);
     if (got < 0) {
         t->error = l->inner->error;
         return got;
@@ -107,11 +114,8 @@ struct udt_transport *udt_lossy_wrap(struct udt_transport *inner, const struct u
     l->base.max_datagram_bytes = inner->max_datagram_bytes;
     l->base.address_bytes = inner->address_bytes;
     memcpy(l->base.address, inner->address, sizeof l->base.address);
-    /* the counters the wrapper mirrors start where the inner transport's are */
-    l->base.counter_receive_overflows = inner->counter_receive_overflows;
-    l->base.counter_send_calls = inner->counter_send_calls;
-    l->base.counter_receive_calls = inner->counter_receive_calls;
     l->inner = inner;
+    mirror_counters(l); /* they start where the inner transport's are */
     l->model = *model;
     l->rng_state = model->seed;
     return &l->base;

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import skip_or_fail
+from conftest import get_cluster, skip_or_fail
 from support import child_environment
 from udp_ctypes import (UDT_UDP_DROPS_COUNTED, UDT_UDP_GRO, UDT_UDP_GSO, UDT_UDP_GSO_REFUSED, UDT_UDP_RCVBUF_FORCED,
                         Udp, lib)
@@ -364,13 +364,11 @@ def test_datagrams_dropped_at_a_full_socket_are_counted_exactly():
         receiver.close()
 
 
-
 def test_each_call_reports_the_system_calls_it_made():
     """stats.send_calls and receive_calls are the call's own sendmmsg and recvmmsg counts: a large
     call batches many MTU-sized datagrams per system call, and the small call after it reports
     only its own few. A count carried over from the large call would be larger than the large
     call's own, which the window (192 datagrams in flight) keeps at 16 or more receives for 4 MiB."""
-    from conftest import get_cluster
     import tasks
 
     cluster = get_cluster(2, chunk_bytes=1400)
