@@ -1,10 +1,14 @@
 """Re-measure the wire benchmark's targets (issue 8) in one go and print one table.
 
-Each case is one run of `python -m ud_transport bench ... --json FILE`, ud_transport and Gloo
-taking turns call by call in that run; every ratio compares figures of the same run. Needs root
-(network namespaces, nftables); the bench itself says it skipped without.
+Each case runs as `python -m ud_transport bench ... --json FILE`, ud_transport and Gloo taking
+turns call by call; every ratio compares figures of the same runs. A case's calls are split over
+rounds (--rounds, default 2): every case runs once per round, the cases taking turns, and each
+case's rows are computed from the calls of all its rounds pooled. So two cases compared with each
+other (the loss-growth check: 1% loss against one in a million) ran interleaved, and a faster or
+slower period of the machine falls on both. Needs root (network namespaces, nftables); the bench
+itself says it skipped without.
 
-    python3 scripts/wire_targets.py                     # every case, 100 iterations each
+    python3 scripts/wire_targets.py                     # every case, 100 calls each over 2 rounds
     python3 scripts/wire_targets.py --only veth1500,bridge4 --iterations 100
     python3 scripts/wire_targets.py --with-many-ranks   # also 8 and 16 ranks on the bridge (16 MiB)
     python3 scripts/wire_targets.py --stripes 1,2,4     # every case at each UD_STRIPES (where cores are to spare)
@@ -15,6 +19,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from ud_transport.bench import summarize
 
 # name: (bench arguments, what is checked, the target)
 CASES = {
@@ -40,6 +46,7 @@ LOSS_TAIL_GROWTH = 1.1
 
 
 def run_case(name, arguments, iterations, directory, stripes):
+    """One bench run; its JSON result (None if it failed or skipped) and the copy time it measured."""
     out = os.path.join(directory, f"{name}.json")
     command = [sys.executable, "-m", "ud_transport", "bench", *arguments.split(), "--iterations", str(iterations),
                "--no-progress", "--json", out]
@@ -51,7 +58,32 @@ def run_case(name, arguments, iterations, directory, stripes):
         return None, None
     with open(out) as f:
         result = json.load(f)
-    return result["rows"], result.get("copy_64mib_ms")
+    return result, result.get("copy_64mib_ms")
+
+
+def schedule(cases, stripes_values, rounds):
+    """(round, run name, stripes, case) in the order they run: each round runs every case once."""
+    return [(round_index, f"{name}/s{stripes}" if len(stripes_values) > 1 else name, stripes, case)
+            for round_index in range(rounds) for name, case in cases.items() for stripes in stripes_values]
+
+
+def pooled_rows(results):
+    """The bench's rows over the calls of several runs of one case, as if they had been one run."""
+    ranks = len(results[0]["per_rank"])
+    merged = []
+    for rank in range(ranks):
+        entries = []
+        for index, first in enumerate(results[0]["per_rank"][rank]["results"]):
+            parts = [r["per_rank"][rank]["results"][index] for r in results]
+            peaks = [p["peak_extra_kib"] for p in parts]
+            entries.append(dict(first, times=[t for p in parts for t in p["times"]],
+                                delivered=[d for p in parts for d in p["delivered"]],
+                                max_relative_error=max(p["max_relative_error"] for p in parts),
+                                rms_relative_error=max(p["rms_relative_error"] for p in parts),
+                                failures=sum(p["failures"] for p in parts),
+                                peak_extra_kib=None if None in peaks else max(peaks)))
+        merged.append(dict(results=entries))
+    return summarize(merged, ranks)
 
 
 def verdicts(name, check, target, rows):
@@ -76,8 +108,10 @@ def verdicts(name, check, target, rows):
     return lines
 
 
-def loss_growth(name, lossy_rows, baseline_rows):
-    """One line: each backend's p50 and p99 at 1% loss over the same at one in a million."""
+def loss_growth(name, lossy_rows, baseline_rows, rounds=()):
+    """One line: each backend's p50 and p99 at 1% loss over the same at one in a million, from the
+    pooled rows (the verdict); `rounds` (pairs of rows, lossy and baseline, one pair per round)
+    adds each round's ud p99 ratio, so a reader sees whether the rounds agree."""
     baseline = {r["backend"]: r for r in baseline_rows}
     cells = []
     for r in lossy_rows:
@@ -86,19 +120,30 @@ def loss_growth(name, lossy_rows, baseline_rows):
             continue
         p50, p99 = r["p50_ms"] / base["p50_ms"], r["p99_ms"] / base["p99_ms"]
         verdict = "" if r["backend"] == "gloo" else f" (p99 <= {LOSS_TAIL_GROWTH}: {'met' if p99 <= LOSS_TAIL_GROWTH else 'not met'})"
-        cells.append(f"{r['backend']} p50 {p50:.2f}x, p99 {p99:.2f}x{verdict}")
-    return f"# {name}, 1% loss over one in a million on the same path: " + "; ".join(cells)
+        per_round = []
+        for lossy_round, base_round in rounds:
+            lossy_row = next((x for x in lossy_round if x["backend"] == r["backend"]), None)
+            base_row = next((x for x in base_round if x["backend"] == r["backend"]), None)
+            if lossy_row and base_row:
+                per_round.append(f"{lossy_row['p99_ms'] / base_row['p99_ms']:.2f}x")
+        by_round = f" [p99 by round: {', '.join(per_round)}]" if len(per_round) > 1 else ""
+        cells.append(f"{r['backend']} p50 {p50:.2f}x, p99 {p99:.2f}x{verdict}{by_round}")
+    return f"# {name}, 1% loss over one in a million on the same path, rounds pooled: " + "; ".join(cells)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--iterations", type=int, default=100, help="calls per case, over all its rounds")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="every case runs this many times, the cases taking turns; its calls are pooled")
     parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join([*CASES, *MANY_RANKS]))
     parser.add_argument("--with-many-ranks", action="store_true", help="also 8 and 16 ranks on the bridge")
     parser.add_argument("--stripes", default="",
                         help="comma-separated UD_STRIPES values: each case runs once per value (Gloo in every run); "
                              "unset: as the environment says")
     args = parser.parse_args()
+    if not 1 <= args.rounds <= args.iterations:
+        parser.error("--rounds must be at least 1 and at most --iterations")
     cases = dict(CASES, **(MANY_RANKS if args.with_many_ranks else {}))
     if args.only:
         wanted = args.only.split(",")
@@ -108,23 +153,30 @@ def main():
         cases = {w: {**CASES, **MANY_RANKS}[w] for w in wanted}
     table = ["| case | backend | ud p50 / p99 ms | Gloo p50 / p99 ms | ud / Gloo p50, p99 | delivered % | target |",
              "|---|---|---|---|---|---|---|"]
-    copies, results = [], {}
+    copies, runs = [], {}
+    stripes_values = args.stripes.split(",")
     with tempfile.TemporaryDirectory(prefix="wire-targets-") as directory:
-        runs = [(f"{name}/s{stripes}" if "," in args.stripes else name, stripes, case)
-                for name, case in cases.items() for stripes in args.stripes.split(",")]
-        for name, stripes, (arguments, check, target) in runs:
-            rows, copy_ms = run_case(name.replace("/", "-"), arguments, args.iterations, directory, stripes)
+        for round_index, name, stripes, (arguments, _, _) in schedule(cases, stripes_values, args.rounds):
+            calls = args.iterations // args.rounds + (round_index < args.iterations % args.rounds)
+            result, copy_ms = run_case(f"{name.replace('/', '-')}-r{round_index + 1}", arguments, calls, directory, stripes)
             if copy_ms is not None:
                 copies.append(copy_ms)
-            if rows is None:
-                table.append(f"| {name} | (the run failed or skipped; its output is above) | | | | | |")
-                continue
-            results[name] = rows
-            table.extend(verdicts(name, check, target, rows))
+            runs.setdefault(name, []).append(result)
+    results = {}
+    for _, name, _, (_, check, target) in schedule(cases, stripes_values, 1):
+        done = [r for r in runs[name] if r is not None]
+        if len(done) < len(runs[name]):
+            table.append(f"| {name} | ({len(runs[name]) - len(done)} of its {len(runs[name])} runs failed or skipped; "
+                         "their output is above) | | | | | |")
+            continue
+        results[name] = pooled_rows(done)
+        table.extend(verdicts(name, check, target, results[name]))
     print("\n".join(table))
     for name in results:
-        if name.startswith("loss_veth1500") and name.replace("loss_", "rules_") in results:
-            print(loss_growth(name, results[name], results[name.replace("loss_", "rules_")]))
+        baseline = name.replace("loss_", "rules_")
+        if name.startswith("loss_veth1500") and baseline in results:
+            rounds = [(pooled_rows([lossy]), pooled_rows([base])) for lossy, base in zip(runs[name], runs[baseline])]
+            print(loss_growth(name, results[name], results[baseline], rounds))
     if copies:
         print(f"# one 64 MiB memory copy took {min(copies):.1f}-{max(copies):.1f} ms on this machine during these runs "
               "(ud_transport makes more passes over memory than Gloo: its ratios depend on it)")

@@ -1,8 +1,11 @@
 """scripts/wire_targets.py judges its rows as the README says: ratios of the same run, the tail
 target's two halves, and the loss-growth check (1% loss over one in a million on one path).
-Pure arithmetic on made-up rows: the benchmark runs themselves are not repeated here."""
+Pure arithmetic on made-up rows and runs: the benchmark runs themselves are not repeated here."""
 import importlib.util
 import pathlib
+
+import numpy as np
+import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "wire_targets.py"
 
@@ -51,3 +54,43 @@ def test_the_loss_pair_is_one_path_at_two_losses():
     targets = load()
     lossy, baseline = targets.CASES["loss_veth1500"][0], targets.CASES["rules_veth1500"][0]
     assert lossy.replace("--kernel-loss 0.01", "--kernel-loss 0.000001") == baseline
+
+
+def test_each_round_runs_every_case_so_the_loss_pair_interleaves():
+    targets = load()
+    pair = {name: targets.CASES[name] for name in ("loss_veth1500", "rules_veth1500")}
+    order = [(round_index, name) for round_index, name, _, _ in targets.schedule(pair, [""], 3)]
+    assert order == [(0, "loss_veth1500"), (0, "rules_veth1500"), (1, "loss_veth1500"), (1, "rules_veth1500"),
+                     (2, "loss_veth1500"), (2, "rules_veth1500")]
+    striped = [name for _, name, _, _ in targets.schedule({"loopback": targets.CASES["loopback"]}, ["1", "2"], 2)]
+    assert striped == ["loopback/s1", "loopback/s2", "loopback/s1", "loopback/s2"]
+
+
+def bench_result(times_by_rank, failures=0, peak=100):
+    """A bench JSON result with one ud row: per rank, the seconds of each call."""
+    return {"per_rank": [{"results": [{"backend": "ud-auto", "bytes": 1024, "count": 256, "times": times,
+                                       "delivered": [1.0] * len(times), "max_relative_error": 1e-8,
+                                       "rms_relative_error": 1e-9, "failures": failures, "peak_extra_kib": peak}]}
+                         for times in times_by_rank]}
+
+
+def test_rounds_are_pooled_call_by_call_as_one_run():
+    targets = load()
+    first = bench_result([[0.010, 0.030], [0.020, 0.010]], failures=1)
+    second = bench_result([[0.050, 0.040], [0.060, 0.010]], peak=None)
+    [pooled] = targets.pooled_rows([first, second])
+    slowest_rank_per_call = np.array([0.020, 0.030, 0.060, 0.040])
+    assert pooled["p50_ms"] == pytest.approx(np.percentile(slowest_rank_per_call, 50) * 1e3)
+    assert pooled["p99_ms"] == pytest.approx(np.percentile(slowest_rank_per_call, 99) * 1e3)
+    assert pooled["failures"] == 2  # one per rank in the first run
+    assert np.isnan(pooled["peak_extra_mib"])  # a run that could not measure it leaves the pool unmeasured
+    [alone] = targets.pooled_rows([first])
+    assert alone["p50_ms"] == pytest.approx(25.0)
+
+
+def test_loss_growth_shows_each_round_beside_the_pooled_verdict():
+    targets = load()
+    rounds = [([row("ud-auto", 210.0, 250.0)], [row("ud-auto", 210.0, 230.0)]),
+              ([row("ud-auto", 200.0, 240.0)], [row("ud-auto", 190.0, 240.0)])]
+    line = targets.loss_growth("loss_veth1500", [row("ud-auto", 205.0, 248.0)], [row("ud-auto", 200.0, 236.0)], rounds)
+    assert "ud-auto p50 1.02x, p99 1.05x (p99 <= 1.1: met) [p99 by round: 1.09x, 1.00x]" in line
