@@ -139,7 +139,7 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join([*CASES, *MANY_RANKS]))
     parser.add_argument("--with-many-ranks", action="store_true", help="also 8 and 16 ranks on the bridge")
     parser.add_argument("--stripes", default="",
-                        help="comma-separated UD_STRIPES values: each case runs once per value (Gloo in every run); "
+                        help="comma-separated UD_STRIPES values: each case runs once per value in every round (Gloo in every run); "
                              "unset: as the environment says")
     args = parser.parse_args()
     if not 1 <= args.rounds <= args.iterations:

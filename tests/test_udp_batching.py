@@ -379,7 +379,7 @@ def test_each_call_reports_the_system_calls_it_made(setup):
     call's own, which the window (192 datagrams in flight) keeps at 16 or more receives for 4 MiB.
     Through the loss wrapper (injecting nothing) the counts are the inner socket's; over stripes
     they are summed, and no send call carries more than SEND_BATCH datagrams, so a count of one
-    stripe's calls against all stripes' datagrams (about 36 per call here) would show."""
+    stripe's calls against all stripes' datagrams (about 35 per call here) would show."""
     import tasks
 
     cluster = get_cluster(2, chunk_bytes=1400, **COUNTED_SETUPS[setup])
