@@ -12,8 +12,10 @@ itself says it skipped without.
     python3 scripts/wire_targets.py --only veth1500,bridge4 --iterations 100
     python3 scripts/wire_targets.py --with-many-ranks   # also 8 and 16 ranks on the bridge (16 MiB)
     python3 scripts/wire_targets.py --stripes 1,2,4     # every case at each UD_STRIPES (where cores are to spare)
+    python3 scripts/wire_targets.py --keep DIR          # keep every run's bench JSON (per-call times, engine stats)
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -86,15 +88,26 @@ def pooled_rows(results):
     return summarize(merged, ranks)
 
 
-def verdicts(name, check, target, rows):
+def p50_over_gloo(rows, backend):
+    """A backend's p50 over Gloo's in one set of rows; None where either is missing."""
+    mine = next((r for r in rows if r["backend"] == backend), None)
+    gloo = next((r for r in rows if r["backend"] == "gloo"), None)
+    return None if mine is None or gloo is None else mine["p50_ms"] / gloo["p50_ms"]
+
+
+def verdicts(name, check, target, rows, rounds=()):
+    """Table lines for one case's pooled rows; `rounds` (each round's own rows) adds each round's
+    p50 ratio beside the pooled one, so the spread between rounds shows."""
     gloo = next((r for r in rows if r["backend"] == "gloo"), None)
     lines = []
     for r in rows:
         if r["backend"] == "gloo" or gloo is None:
             continue
         p50, p99 = r["p50_ms"] / gloo["p50_ms"], r["p99_ms"] / gloo["p99_ms"]
+        by_round = [ratio for ratio in (p50_over_gloo(round_rows, r["backend"]) for round_rows in rounds) if ratio is not None]
+        spread = f" (p50 by round: {', '.join(f'{ratio:.2f}x' for ratio in by_round)})" if len(by_round) > 1 else ""
         cells = [name, r["backend"], f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}", f"{gloo['p50_ms']:.1f} / {gloo['p99_ms']:.1f}",
-                 f"{p50:.2f}x, {p99:.2f}x", f"{r['delivered_percent']:.3f}"]
+                 f"{p50:.2f}x, {p99:.2f}x{spread}", f"{r['delivered_percent']:.3f}"]
         if check == "tail":
             own, gloo_over = r["p99_ms"] / r["p50_ms"], gloo["p99_ms"] / r["p99_ms"]
             met = own <= TAIL_OWN and gloo_over >= TAIL_GLOO
@@ -138,6 +151,7 @@ def main():
                         help="every case runs this many times, the cases taking turns; its calls are pooled")
     parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join([*CASES, *MANY_RANKS]))
     parser.add_argument("--with-many-ranks", action="store_true", help="also 8 and 16 ranks on the bridge")
+    parser.add_argument("--keep", metavar="DIR", help="keep every run's bench JSON in DIR (default: a temporary directory)")
     parser.add_argument("--stripes", default="",
                         help="comma-separated UD_STRIPES values: each case runs once per value in every round (Gloo in every run); "
                              "unset: as the environment says")
@@ -155,7 +169,9 @@ def main():
              "|---|---|---|---|---|---|---|"]
     copies, runs = [], {}
     stripes_values = args.stripes.split(",")
-    with tempfile.TemporaryDirectory(prefix="wire-targets-") as directory:
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="wire-targets-")) as directory:
         for round_index, name, stripes, (arguments, _, _) in schedule(cases, stripes_values, args.rounds):
             calls = args.iterations // args.rounds + (round_index < args.iterations % args.rounds)
             result, copy_ms = run_case(f"{name.replace('/', '-')}-r{round_index + 1}", arguments, calls, directory, stripes)
@@ -170,7 +186,7 @@ def main():
                          "their output is above) | | | | | |")
             continue
         results[name] = pooled_rows(done)
-        table.extend(verdicts(name, check, target, results[name]))
+        table.extend(verdicts(name, check, target, results[name], [pooled_rows([run]) for run in done]))
     print("\n".join(table))
     for name in results:
         baseline = name.replace("loss_", "rules_")

@@ -94,3 +94,13 @@ def test_loss_growth_shows_each_round_beside_the_pooled_verdict():
               ([row("ud-auto", 200.0, 240.0)], [row("ud-auto", 190.0, 240.0)])]
     line = targets.loss_growth("loss_veth1500", [row("ud-auto", 205.0, 248.0)], [row("ud-auto", 200.0, 236.0)], rounds)
     assert "ud-auto p50 1.02x, p99 1.05x (p99 <= 1.1: met) [p99 by round: 1.09x, 1.00x]" in line
+
+
+def test_each_round_p50_ratio_shows_beside_the_pooled_one():
+    targets = load()
+    pooled = [row("ud-auto", 99.0, 120.0), row("gloo", 100.0, 150.0)]
+    rounds = [[row("ud-auto", 90.0, 100.0), row("gloo", 100.0, 150.0)], [row("ud-auto", 110.0, 120.0), row("gloo", 100.0, 150.0)]]
+    [line] = targets.verdicts("veth1500", "p50", 1.0, pooled, rounds)
+    assert "| 0.99x, 0.80x (p50 by round: 0.90x, 1.10x) |" in line and line.endswith("p50 <= 1.0x: met |")
+    [alone] = targets.verdicts("veth1500", "p50", 1.0, pooled, rounds[:1])
+    assert "by round" not in alone  # one round has no spread to show
