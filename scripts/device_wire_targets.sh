@@ -12,7 +12,7 @@
 # already there, puts wrappers that find their libraries first on PATH, builds the extension
 # without verbs, and runs scripts/wire_targets.py (default: loopback,veth1500,bridge4 at 100
 # iterations in one round, stripes 1,2,4: about 8 minutes on 16 cores; the stripes take turns
-# within the round, and a second round's setup would not fit the device's 10-minute command
+# within the round, and a second round's setup might not fit the device's 10-minute command
 # limit), the log also in $OUT/wire_targets.log when $OUT is set.
 set -euo pipefail
 SCRIPT=$(realpath "$0")

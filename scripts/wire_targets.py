@@ -50,6 +50,8 @@ LOSS_TAIL_GROWTH = 1.1
 def run_case(name, arguments, iterations, directory, stripes):
     """One bench run; its JSON result (None if it failed or skipped) and the copy time it measured."""
     out = os.path.join(directory, f"{name}.json")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(out)  # a kept directory may hold an earlier invocation's file, and a skipped bench writes none
     command = [sys.executable, "-m", "ud_transport", "bench", *arguments.split(), "--iterations", str(iterations),
                "--no-progress", "--json", out]
     environment = dict(os.environ, **({"UD_STRIPES": stripes} if stripes else {}))
@@ -61,6 +63,11 @@ def run_case(name, arguments, iterations, directory, stripes):
     with open(out) as f:
         result = json.load(f)
     return result, result.get("copy_64mib_ms")
+
+
+def calls_in_round(iterations, rounds, round_index):
+    """A case's calls in one round: `iterations` split over `rounds`, the first rounds taking one more."""
+    return iterations // rounds + (round_index < iterations % rounds)
 
 
 def schedule(cases, stripes_values, rounds):
@@ -80,6 +87,8 @@ def pooled_rows(results):
             peaks = [p["peak_extra_kib"] for p in parts]
             entries.append(dict(first, times=[t for p in parts for t in p["times"]],
                                 delivered=[d for p in parts for d in p["delivered"]],
+                                failure_reasons=[f for p in parts for f in p.get("failure_reasons", [])],
+                                engine_stats=[e for p in parts for e in p.get("engine_stats", [])],
                                 max_relative_error=max(p["max_relative_error"] for p in parts),
                                 rms_relative_error=max(p["rms_relative_error"] for p in parts),
                                 failures=sum(p["failures"] for p in parts),
@@ -123,8 +132,9 @@ def verdicts(name, check, target, rows, rounds=()):
 
 def loss_growth(name, lossy_rows, baseline_rows, rounds=()):
     """One line: each backend's p50 and p99 at 1% loss over the same at one in a million, from the
-    pooled rows (the verdict); `rounds` (pairs of rows, lossy and baseline, one pair per round)
-    adds each round's ud p99 ratio, so a reader sees whether the rounds agree."""
+    pooled rows (the verdict; a ratio of pooled percentiles, not a mean of the rounds' ratios);
+    `rounds` (pairs of rows, lossy and baseline, one pair per round) adds each backend's p99 ratio
+    round by round, so a reader sees whether the rounds agree."""
     baseline = {r["backend"]: r for r in baseline_rows}
     cells = []
     for r in lossy_rows:
@@ -169,11 +179,13 @@ def main():
              "|---|---|---|---|---|---|---|"]
     copies, runs = [], {}
     stripes_values = args.stripes.split(",")
+    if len(set(stripes_values)) < len(stripes_values):
+        parser.error("--stripes names a value twice")
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="wire-targets-")) as directory:
         for round_index, name, stripes, (arguments, _, _) in schedule(cases, stripes_values, args.rounds):
-            calls = args.iterations // args.rounds + (round_index < args.iterations % args.rounds)
+            calls = calls_in_round(args.iterations, args.rounds, round_index)
             result, copy_ms = run_case(f"{name.replace('/', '-')}-r{round_index + 1}", arguments, calls, directory, stripes)
             if copy_ms is not None:
                 copies.append(copy_ms)
