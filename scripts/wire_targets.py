@@ -97,17 +97,21 @@ def pooled_rows(results):
     return summarize(merged, ranks)
 
 
+def row_of(rows, backend):
+    """The row of `backend` among `rows`; None where it has none."""
+    return next((r for r in rows if r["backend"] == backend), None)
+
+
 def p50_over_gloo(rows, backend):
     """A backend's p50 over Gloo's in one set of rows; None where either is missing."""
-    mine = next((r for r in rows if r["backend"] == backend), None)
-    gloo = next((r for r in rows if r["backend"] == "gloo"), None)
+    mine, gloo = row_of(rows, backend), row_of(rows, "gloo")
     return None if mine is None or gloo is None else mine["p50_ms"] / gloo["p50_ms"]
 
 
 def verdicts(name, check, target, rows, rounds=()):
     """Table lines for one case's pooled rows; `rounds` (each round's own rows) adds each round's
     p50 ratio beside the pooled one, so the spread between rounds shows."""
-    gloo = next((r for r in rows if r["backend"] == "gloo"), None)
+    gloo = row_of(rows, "gloo")
     lines = []
     for r in rows:
         if r["backend"] == "gloo" or gloo is None:
@@ -135,18 +139,16 @@ def loss_growth(name, lossy_rows, baseline_rows, rounds=()):
     pooled rows (the verdict; a ratio of pooled percentiles, not a mean of the rounds' ratios);
     `rounds` (pairs of rows, lossy and baseline, one pair per round) adds each backend's p99 ratio
     round by round, so a reader sees whether the rounds agree."""
-    baseline = {r["backend"]: r for r in baseline_rows}
     cells = []
     for r in lossy_rows:
-        base = baseline.get(r["backend"])
+        base = row_of(baseline_rows, r["backend"])
         if base is None:
             continue
         p50, p99 = r["p50_ms"] / base["p50_ms"], r["p99_ms"] / base["p99_ms"]
         verdict = "" if r["backend"] == "gloo" else f" (p99 <= {LOSS_TAIL_GROWTH}: {'met' if p99 <= LOSS_TAIL_GROWTH else 'not met'})"
         per_round = []
         for lossy_round, base_round in rounds:
-            lossy_row = next((x for x in lossy_round if x["backend"] == r["backend"]), None)
-            base_row = next((x for x in base_round if x["backend"] == r["backend"]), None)
+            lossy_row, base_row = row_of(lossy_round, r["backend"]), row_of(base_round, r["backend"])
             if lossy_row and base_row:
                 per_round.append(f"{lossy_row['p99_ms'] / base_row['p99_ms']:.2f}x")
         by_round = f" [p99 by round: {', '.join(per_round)}]" if len(per_round) > 1 else ""
