@@ -95,8 +95,9 @@ class Options:
         is; otherwise the tensor is put back whole) and merged stats; the loss budget holds
         for each part, so for the whole. The credit window is shared out among the parts (each
         keeps the engine's floor of 16 chunks, so above 12 stripes the parts together exceed
-        the default 192 datagrams). More than 1 pays where a rank has cores to spare (README,
-        "Stripes"). Every rank must set the same. 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
+        the default 192 datagrams). More than 1 can pay only where a rank has cores to spare; on
+        the 2-core build machine 2 stripes were slower than 1, and many cores are not measured yet
+        (README, "Stripes"). Every rank must set the same. 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
         up to 16x; JOIN requests up to 128x).
