@@ -1548,6 +1548,13 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     if (got < 0)
         return got;
     progressed |= got > 0;
+    /* past the hard deadline the verdict is decided at once, so first read all that is queued:
+     * a rank that was paused or descheduled finds its peers' verdicts there, behind the data
+     * they sent, and with them the cause they decided on. Bounded: what is queued, and senders
+     * get no new credit meanwhile. */
+    while (got > 0 && now >= c->hard_deadline_ns && !c->decided)
+        if ((got = receive_some(c, comm, now)) < 0)
+            return got;
     if (c->phase == PHASE_DATA) {
         progressed |= close_ready_steps(c, now);
         if (c->recv_step < c->schedule.steps ? (rc = grant_credits(c, now, 0)) < 0 : (rc = regrant(c, now)) < 0)

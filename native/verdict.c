@@ -138,8 +138,18 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
 
 void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
 {
+    /* the join timeout ran out (until every peer is heard from, the deadline is the join
+     * timeout's): a peer we never heard from did not join in time. We say so in our verdict
+     * (blaming the highest such rank, as decide does), so that a peer coming after the timeout,
+     * which finds our verdict waiting, fails as we do instead of passing on the counts we could
+     * gather without it. (A call can also end unheard with nothing to exchange, a peer's block
+     * empty: no timeout, no cause.) Layouts are compared from the tags every verdict carries. */
+    uint32_t absent = CAUSE_NONE;
+    for (uint32_t p = 0; p < c->n && !c->all_heard_ns && now >= c->deadline_ns; p++)
+        if (p != c->rank && !comm->peers[p].heard)
+            absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
     struct udt_verdict mine = {
-        .cause = CAUSE_NONE, /* layouts are compared from the tags every verdict carries */
+        .cause = absent,
         .agree_value = c->args.agree_value,
         .reduce_weighted = udt_reduce_weighted(c),
         .fresh_elements = udt_fresh_elements(c),
@@ -183,6 +193,15 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             if (current) {
                 c->verdicts_got++;
                 mark_finished(c, comm, peer, now);
+            }
+        } else if (!(current && c->decided) && slot->layout_tag == h->layout_tag) {
+            /* a peer that decided sends its verdict on with the cause it decided on: take it
+             * (a cause only rises; the counts are the ones it sent first) */
+            struct udt_verdict held;
+            udt_verdict_decode(slot->payload, &held);
+            if (claimed.cause > held.cause) {
+                held.cause = claimed.cause;
+                udt_verdict_encode(&held, slot->payload);
             }
         }
         if (have_ours && !(slot->flags & VERDICT_ACKED)) {
@@ -286,7 +305,11 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     uint32_t severity = combined.cause >> 16, blamed = combined.cause & 0xFFFFu;
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
-        if (blamed < c->n && comm->peers[blamed].gone)
+        if (blamed == c->rank)
+            udt_error_check(&comm->error, "rank %u (this rank) came to the call, or to its verdict, after its peers "
+                            "stopped waiting for it (the %.1f s join timeout or the %.3f s deadline)", blamed,
+                            comm->options.join_timeout_ms * 1e-3, c->args.deadline_s);
+        else if (blamed < c->n && comm->peers[blamed].gone)
             udt_error_check(&comm->error, "rank %u is gone: its port is closed (ICMP port unreachable came back), so its "
                             "process exited or it closed its communicator", blamed);
         else if (blamed < c->n && comm->peers[blamed].heard)
@@ -318,7 +341,20 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     comm->have_last_verdict = 1;
     comm->last_layout_tag = c->layout_tag;
     comm->last_steps = c->schedule.steps;
+    /* every copy we send from now on (resends to peers yet to acknowledge, answers in the next
+     * call) carries the cause we decided on, so that a peer that comes back or comes late fails
+     * as we did instead of passing on the counts it finds; the counts stay our own because a
+     * peer sums them with everyone's */
+    mine.cause = combined.cause;
+    udt_verdict_encode(&mine, c->my_verdict);
     memcpy(comm->last_verdict, c->my_verdict, UDT_VERDICT_BYTES);
+    /* a peer we gave up on may only be paused: tell it, as a reply (never answered, sent as
+     * many times as an END marker), so that it fails as we do when it wakes; best effort, we
+     * leave either way */
+    if (severity == CAUSE_PEER_TIMEOUT)
+        for (uint32_t p = 0; p < c->n; p++)
+            if (p != c->rank && !comm->peers[p].gone && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
+                (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_REPLY);
     return 1;
 }
 

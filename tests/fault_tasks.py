@@ -46,6 +46,13 @@ def allreduce_outcome(comm, count, deadline, entering=None):
     return error, bool(np.all(tensor == rank_fill(comm.rank))), time.monotonic() - start
 
 
+def allreduce_outcome_one_late(comm, late_rank, late_s, count, deadline):
+    """allreduce_outcome, with `late_rank` entering the call `late_s` after the others."""
+    if comm.rank == late_rank:
+        time.sleep(late_s)
+    return allreduce_outcome(comm, count, deadline)
+
+
 def clean_calls(comm, count, calls):
     """`calls` allreduces after a failed one: for each, (exact?, delivered fraction, silent_rank)."""
     outcomes = []

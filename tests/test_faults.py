@@ -31,6 +31,27 @@ def test_a_rank_that_never_joins_is_blamed_at_the_join_timeout():
         assert unchanged, f"rank {rank}: tensor changed on error"
 
 
+def test_a_rank_that_comes_after_the_join_timeout_fails_as_its_peers_did():
+    """Rank 2 enters the call 2 s after ranks 0 and 1 gave up on it at the join timeout. They
+    have moved on, but they still answer for that call: rank 2 must reach their verdict
+    (PeerTimeout naming rank 2), not pass with what it finds. Before the fix, their answers
+    carried their own counts without the timeout they decided on, and rank 2 returned OK
+    (with a budget of 1) or LossBudgetExceeded (here): a split verdict. Its tensor keeps its
+    values, and the next call is exact on every rank."""
+    world, late = 3, 2
+    with LocalCluster(world, chunk_bytes=256, join_timeout_s=JOIN_TIMEOUT) as cluster:
+        cluster.run(fault_tasks.allreduce_outcome, 100, DEADLINE)  # all healthy first
+        outcomes = cluster.run(fault_tasks.allreduce_outcome_one_late, late, JOIN_TIMEOUT + 2.0, 1000, DEADLINE)
+        after = cluster.run(fault_tasks.clean_calls, 1000, 1)
+    for rank, (error, unchanged, _) in enumerate(outcomes):
+        assert isinstance(error, ud_transport.PeerTimeout), f"rank {rank}: {error!r}"
+        said = f"rank {late} (this rank) came to the call" if rank == late else f"rank {late} did not join"
+        assert error.rank == late and said in str(error), f"rank {rank}: {error}"
+        assert unchanged, f"rank {rank}: tensor changed on error"
+    for rank, [(exact, delivered, _)] in enumerate(after):
+        assert exact and delivered == 1.0, f"rank {rank}: the call after: exact={exact} delivered={delivered}"
+
+
 def test_a_rank_that_died_before_the_call_is_blamed_at_once_not_at_the_join_timeout():
     """Rank 2 was killed before the call: its socket is gone, so the first
     datagram sent to it comes back as an ICMP port unreachable. Ranks 0 and 1
@@ -106,7 +127,8 @@ def test_a_rank_paused_past_the_deadline_is_blamed_as_silent_not_gone():
     """Rank 1 of 3 comes last to a 16 MiB allreduce, is SIGSTOPped 10 ms into it for 4 s
     (deadline 2 s): its process and port are still there, so ranks 0 and 2
     raise PeerTimeout naming it as gone silent, within deadline + 1 s, and keep
-    their inputs; rank 1 itself fails too once it wakes, its input unchanged.
+    their inputs; rank 1 itself raises PeerTimeout naming itself once it wakes (the
+    same verdict), its input unchanged.
     The blame does not outlive the call (finding 5: a silent rank, once adopted, was
     never cleared and made later calls fail naming it): the next calls are exact
     on every rank and name no one."""
@@ -118,8 +140,12 @@ def test_a_rank_paused_past_the_deadline_is_blamed_as_silent_not_gone():
         assert calls == [(True, 1.0, -1)] * 3, f"rank {rank} after the failed call: {calls}"
     for rank, (error, unchanged, elapsed) in enumerate(outcomes):
         assert isinstance(error, ud_transport.TransportError) and unchanged, f"rank {rank}: {error!r}, unchanged={unchanged}"
-        if rank != paused:
-            assert isinstance(error, ud_transport.PeerTimeout) and error.rank == paused, f"rank {rank}: {error!r}"
+        # the same verdict on every rank: the paused one learns from its peers' later copies
+        # that they gave up on it (before, it judged by the counts it found)
+        assert isinstance(error, ud_transport.PeerTimeout) and error.rank == paused, f"rank {rank}: {error!r}"
+        if rank == paused:
+            assert f"rank {paused} (this rank) came to the call, or to its verdict, after" in str(error), str(error)
+        else:
             assert f"rank {paused} went silent in the call" in str(error), str(error)
             assert elapsed <= 0.3 + DEADLINE + 1.0, f"rank {rank} took {elapsed:.2f} s"
 
