@@ -43,6 +43,28 @@ def test_c10d_collectives_on_ud_match_gloo_and_unsupported_ones_say_so():
             torch.testing.assert_close(ud, gloo, rtol=0, atol=1e-6, msg=f"rank {rank} {name}")
 
 
+def test_the_edges_a_user_met_on_a_ud_group():
+    """Each case was found by probing the backend as a user would (each failed before its fix):
+    a collective into a Parameter or a view of one raised autograd's in-place error after the
+    call had run; wrong all-gather outputs were accepted (one rank's shard dropped); the exact
+    allreduce dropped the imaginary part and wrote into read-only numpy arrays; UD_INJECT was
+    ignored by the c10d backend; a destroyed group's collective waited forever, and the group
+    kept its store (so the next group's rendezvous could read the old one's addresses)."""
+    for rank, out in enumerate(get_cluster(2, chunk_bytes=256).run(torch_tasks.c10d_edges, tag())):
+        torch.testing.assert_close(out["MAX into a Parameter"], torch.tensor([2.0, 0.0]), rtol=0, atol=0)
+        torch.testing.assert_close(out["SUM then broadcast into a view of a Parameter"],
+                                   torch.arange(6.0).reshape(2, 3) * 3 + 1, rtol=0, atol=1e-6)
+        assert "all_gather_into_tensor on 'ud': the output has 7 elements" in out["all_gather_into_tensor, an output of 7 for 2 x 3"]
+        assert "all_gather on 'ud' needs 2 outputs" in out["all_gather, one output for 2 ranks"]
+        torch.testing.assert_close(out["exact complex sum"], torch.tensor([3 + 6j, 9 - 3j], dtype=torch.complex64))
+        assert "read-only" in out["exact.allreduce of a read-only array"]
+        assert "read-only" in out["exact.broadcast into a read-only array"]
+        assert out["read-only array unchanged"]
+        assert out["UD_INJECT drops"] > 0, f"rank {rank}: UD_INJECT injected nothing on the c10d backend"
+        assert "shut down" in out["all_reduce on a destroyed group"], out["all_reduce on a destroyed group"]
+        assert out["destroyed group let go of its store"]
+
+
 def test_backend_policy_raise_makes_wait_raise_and_keeps_the_tensor():
     cluster = get_cluster(3, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=5))
     for name, unchanged, misses in cluster.run(torch_tasks.backend_wait_raises, tag(), 0.01):

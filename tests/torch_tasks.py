@@ -5,7 +5,9 @@ rank's store and tears it down, so clusters can be reused. Lossy calls get a
 is off the CPU for a second on a loaded 2-core machine, which is not what
 these tests are about."""
 import contextlib
+import os
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -343,3 +345,60 @@ def striped_backend(comm, tag):
             results["ddp"] = flat_parameters(model)
             out[name] = results
     return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, calls
+
+
+def c10d_edges(comm, tag):
+    """What a user met at the edges of a "ud" group (each found by probing it): tensors that
+    require grad, all-gather outputs of the wrong size, complex and read-only inputs to the exact
+    collectives, UD_INJECT, and a group used after it was destroyed. Returns {case: outcome}."""
+    out = {}
+    with gloo_world(comm, f"edges-{tag}"):
+        group = dist.new_group(backend="ud")
+        # written in place as Gloo writes them, though autograd forbids in-place writes to leaves
+        parameter = torch.nn.Parameter(torch.tensor([1.0 + comm.rank, -2.0 * comm.rank]))
+        dist.all_reduce(parameter, op=dist.ReduceOp.MAX, group=group)  # an exact call
+        out["MAX into a Parameter"] = parameter.detach().clone()
+        matrix = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3) * (comm.rank + 1))
+        dist.all_reduce(matrix.t(), group=group)  # a lossy call, on a view of a leaf
+        with torch.no_grad():
+            matrix.add_(comm.rank)  # so that the broadcast shows
+        dist.broadcast(matrix.t(), src=1, group=group)
+        out["SUM then broadcast into a view of a Parameter"] = matrix.detach().clone()
+        for name, call in {
+                "all_gather_into_tensor, an output of 7 for 2 x 3": lambda: dist.all_gather_into_tensor(
+                    torch.empty(7), torch.zeros(3), group=group),
+                "all_gather, one output for 2 ranks": lambda: dist.all_gather([torch.empty(3)], torch.zeros(3), group=group),
+        }.items():
+            try:
+                call()
+                out[name] = "no error"
+            except ValueError as error:
+                out[name] = str(error)
+        complex_values = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (comm.rank + 1)
+        exact.allreduce(comm, complex_values)
+        out["exact complex sum"] = complex_values
+        frozen = np.arange(4.0) + comm.rank
+        frozen.flags.writeable = False
+        for name, call in {"exact.allreduce of a read-only array": lambda: exact.allreduce(comm, frozen),
+                           "exact.broadcast into a read-only array": lambda: exact.broadcast(comm, frozen, 1)}.items():
+            try:
+                call()
+                out[name] = "no error"
+            except ValueError as error:
+                out[name] = str(error)
+        out["read-only array unchanged"] = bool(np.array_equal(frozen, np.arange(4.0) + comm.rank))
+        os.environ["UD_INJECT"] = "bernoulli:0.2"
+        try:
+            lossy = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=10.0))
+        finally:
+            del os.environ["UD_INJECT"]
+        dist.all_reduce(torch.ones(1 << 14), group=lossy)
+        out["UD_INJECT drops"] = lossy.last_stats.injected_drops
+        dist.destroy_process_group(lossy)
+        try:
+            dist.all_reduce(torch.ones(2), group=lossy)
+            out["all_reduce on a destroyed group"] = "no error"
+        except Exception as error:  # c10d's logger turns ours into its "not initialized" ValueError
+            out["all_reduce on a destroyed group"] = f"{error} (from: {error.__context__})"
+        out["destroyed group let go of its store"] = lossy.communicator.store is None
+    return out

@@ -16,6 +16,7 @@ local reduction in rank order on every rank: N times the traffic, bitwise
 identical results everywhere. Meant for control-sized tensors.
 """
 import ctypes
+import functools
 import zlib
 
 from . import tensors
@@ -25,6 +26,30 @@ DEFAULT_ATTEMPTS = 64
 _ALL_ONES = 0xFFFFFFFF
 
 
+def _without_autograd(collective):
+    """Run a collective with autograd off: it writes into tensors that may require grad (a
+    Parameter), which autograd forbids in place; c10d's own backends write them too."""
+    @functools.wraps(collective)
+    def run(*arguments, **keywords):
+        import torch
+
+        with torch.no_grad():
+            return collective(*arguments, **keywords)
+    return run
+
+
+def _as_torch(tensor, writes=False):
+    """`tensor` as a torch tensor over the same memory; a read-only numpy array refused where
+    it would be written (torch.from_numpy only warns)."""
+    import torch
+
+    if isinstance(tensor, torch.Tensor):
+        return tensor
+    if writes and not tensor.flags.writeable:
+        raise ValueError("collectives work in place and the array is read-only")
+    return torch.from_numpy(tensor)
+
+
 def _bytes_of(tensor):
     view = tensors.view_of(tensor)
     if view.nbytes == 0:
@@ -32,13 +57,14 @@ def _bytes_of(tensor):
     return memoryview((ctypes.c_ubyte * view.nbytes).from_address(view.address)).cast("B")
 
 
-def as_words(tensor):
+def as_words(tensor, writes=False):
     """A contiguous int32 torch tensor over `tensor`'s bytes (any dtype, numpy
     or torch), and a function that copies it back when it is not a view: moving
-    bytes exactly does not depend on what they mean."""
+    bytes exactly does not depend on what they mean. `writes`: the caller will
+    write the words (a read-only array is refused)."""
     import torch
 
-    wrapped = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
+    wrapped = _as_torch(tensor, writes)
     if wrapped.device.type != "cpu":
         tensors.view_of(wrapped)  # the usual clear error
     flat = wrapped.reshape(-1) if wrapped.is_contiguous() else wrapped.contiguous().reshape(-1)
@@ -80,17 +106,19 @@ def _repeat(comm, attempt, target, what, attempts, deadline):
     raise LossBudgetExceeded(f"rank {comm.rank}: exact {what} still incomplete after {attempts} attempts", total_stats[-1])
 
 
+@_without_autograd
 def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
     Returns the stats of each attempt. On failure every rank's tensor is as
     it was."""
-    words, copy_back = as_words(tensor)
+    words, copy_back = as_words(tensor, writes=True)
     stats = _repeat(comm, lambda: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline), words, "broadcast",
                     attempts, deadline)
     copy_back()
     return stats
 
 
+@_without_autograd
 def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Gather every rank's shard (any dtype, the same size everywhere) into
     `output`, rank r's at [r * len(shard), (r + 1) * len(shard)), exactly.
@@ -98,13 +126,14 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     import torch
 
     words, _ = as_words(shard)
-    shard_bytes = (shard if isinstance(shard, torch.Tensor) else torch.from_numpy(shard)).nbytes
+    shard_bytes = _as_torch(shard).nbytes
+    _as_torch(output, writes=True)  # refused before anything is sent, not after
     width = words.numel()
     gathered = torch.empty(comm.world_size * width, dtype=torch.int32)
     gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
     stats = _repeat(comm, lambda: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline), gathered,
                     "all_gather", attempts, deadline)
-    target, copy_back = as_words(output)
+    target, copy_back = as_words(output, writes=True)
     target_bytes = target.view(torch.uint8)
     if target_bytes.numel() < comm.world_size * shard_bytes:
         raise ValueError(f"output holds {target_bytes.numel()} bytes, {comm.world_size} shards need {comm.world_size * shard_bytes}")
@@ -114,6 +143,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     return stats
 
 
+@_without_autograd
 def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,
     exactly and bitwise identically on every rank. op: sum, mean/avg, max,
@@ -124,14 +154,15 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     name = {"avg": "mean", "prod": "product"}.get(name, name)
     if name not in ("sum", "mean", "max", "min", "product"):
         raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
-    wrapped = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
+    wrapped = _as_torch(tensor, writes=True)
     flat = wrapped.reshape(-1).clone()
     gathered = torch.empty((comm.world_size, flat.numel()), dtype=flat.dtype)
     stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline)
     if name in ("max", "min"):
         result = gathered.amax(dim=0) if name == "max" else gathered.amin(dim=0)
     else:
-        wide = gathered.to(torch.float64 if flat.dtype.is_floating_point or flat.dtype.is_complex else torch.int64)
+        wide = gathered.to(torch.complex128 if flat.dtype.is_complex else
+                           torch.float64 if flat.dtype.is_floating_point else torch.int64)
         result = wide.prod(dim=0) if name == "product" else wide.sum(dim=0)
         if name == "mean":
             result = result / comm.world_size

@@ -8,6 +8,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from ..errors import TransportError
+
 
 class Work(dist._Work):
     """A collective that runs (or ran) on the worker. wait() blocks until it
@@ -57,16 +59,23 @@ class Work(dist._Work):
 class SerialWorker:
     def __init__(self, name):
         self._queue = queue.SimpleQueue()
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, run, result):
-        """Queue run() (which may raise); returns a Work carrying `result`."""
+        """Queue run() (which may raise); returns a Work carrying `result`. After close() it
+        raises TransportError: nothing would run the call, and its Work would never finish."""
+        if self._closed:
+            raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
         work = Work(result)
         self._queue.put((run, work))
         return work
 
     def _loop(self):
+        # grad mode is per thread: collectives write into tensors that may require grad (a
+        # Parameter), which autograd forbids in place, as c10d's own backends do not care
+        torch.set_grad_enabled(False)
         while True:
             item = self._queue.get()
             if item is None:
@@ -80,7 +89,8 @@ class SerialWorker:
                 work._finish()
 
     def close(self):
-        """Finish what is queued, then stop."""
+        """Finish what is queued, then stop; later submits raise."""
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
             if threading.current_thread() is not self._thread:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import environment, exact
+from .. import environment, exact, loss_models
 from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded
@@ -149,6 +149,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             overrides["store_timeout_s"] = min(seconds, options_module.Options.store_timeout_s)
         if seconds and "join_timeout_s" not in overrides:
             overrides["join_timeout_s"] = seconds  # the group's timeout: how long a collective waits for a late rank
+        if "inject" not in overrides:  # UD_INJECT, as ud_transport.init() reads it
+            overrides["inject"] = loss_models.from_environment()
         resolved = options_module.build(**overrides)
         # the store c10d hands us is already prefixed for this group
         self.communicator = Communicator(rank, world_size, store, self.config.transport, resolved, name="c10d")
@@ -269,6 +271,11 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        for outputs, shard in zip(output_tensors, input_tensors):
+            if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
+                raise ValueError(f"all_gather on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
+                                 f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
+
         def run():
             for outputs, shard in zip(output_tensors, input_tensors):
                 gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
@@ -278,11 +285,16 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, output_tensors)
 
     def _allgather_base(self, output, shard, opts=None):
+        _check_gather_output(output, shard, self.size())
+
         def run():
             self._gather_one(output, shard)
         return self._worker.submit(run, output)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
+        for output, shard in zip(outputs, shards):
+            _check_gather_output(output, shard, self.size())
+
         def run():
             for output, shard in zip(outputs, shards):
                 self._gather_one(output, shard)
@@ -344,6 +356,12 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def abort(self):
         self.shutdown()
+
+
+def _check_gather_output(output, shard, world_size):
+    if output.numel() != shard.numel() * world_size:
+        raise ValueError(f"all_gather_into_tensor on 'ud': the output has {output.numel()} elements, "
+                         f"{world_size} ranks x {shard.numel()} need {world_size * shard.numel()}")
 
 
 def _create(backend_options, pg_options):
