@@ -7,6 +7,11 @@ from . import sizes
 
 CACHE_DIRECTORY = "/sys/devices/system/cpu/cpu0/cache"
 FALLBACK_BYTES = 32 << 20  # where the kernel does not say (not Linux, or no sysfs)
+# No x86 part has more last-level cache per CPU than this (AMD's stacked-cache parts: 12 MiB per
+# core, 6 per hardware thread). A larger share is a host's cache seen from a VM, shared with
+# other tenants: the 2-vCPU build machine of 2026-11-26 lists 480 MiB, yet summing in place won
+# there from 2 MiB up (README, "Allreduce in place").
+MAX_CACHE_PER_CPU_BYTES = 16 << 20
 
 
 def parse_size(text):
@@ -17,22 +22,40 @@ def parse_size(text):
         return None
 
 
+def count_cpus(text):
+    """CPUs in a sysfs CPU list such as "0-3,8"; None if it is not one."""
+    count = 0
+    try:
+        for part in text.strip().split(","):
+            first, _, last = part.partition("-")
+            count += int(last or first) - int(first) + 1
+    except ValueError:
+        return None
+    return count if count > 0 else None
+
+
+def _read(path):
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return ""
+
+
 @functools.lru_cache(maxsize=None)
 def largest_cache_bytes(directory=CACHE_DIRECTORY):
-    """The largest cache the kernel lists for the first CPU (usually L3), else FALLBACK_BYTES.
-    sysfs, not sysconf(_SC_LEVEL3_CACHE_SIZE): in a VM the latter can be wrong (256 MiB on the
-    build machine, whose L3 is 32 MiB)."""
+    """The largest cache the kernel lists for the first CPU (usually L3), at most
+    MAX_CACHE_PER_CPU_BYTES for each CPU sharing it; else FALLBACK_BYTES.
+    sysfs, not sysconf(_SC_LEVEL3_CACHE_SIZE): in a VM the latter can be wrong (256 MiB on an
+    earlier build machine, whose L3 is 32 MiB)."""
     try:
         entries = [entry for entry in os.listdir(directory) if entry.startswith("index")]
     except OSError:
         return FALLBACK_BYTES
     sizes = []
     for entry in entries:
-        try:
-            with open(os.path.join(directory, entry, "size")) as file:
-                size = parse_size(file.read())
-        except OSError:
-            continue
+        size = parse_size(_read(os.path.join(directory, entry, "size")))
         if size:
-            sizes.append(size)
+            sharing = count_cpus(_read(os.path.join(directory, entry, "shared_cpu_list")))
+            sizes.append(min(size, sharing * MAX_CACHE_PER_CPU_BYTES) if sharing else size)
     return max(sizes, default=FALLBACK_BYTES)

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from . import _native, options, rendezvous, transports, verbs_extension
+from . import _native, cpu_cache, options, rendezvous, transports, verbs_extension
 from .arguments import ArgumentParser
 
 
@@ -146,7 +146,8 @@ def render(report, out):
             print(f"  the window was lowered to fit the buffer; `sysctl -w net.core.rmem_max={asked}` "
                   "would give the socket what it asks", file=out)
     print(f"allreduce sums in the caller's tensor from {report['in_place_min_bytes']} bytes up, in the scratch below "
-          "(in_place_min_bytes / UD_IN_PLACE_MIN_BYTES; by default the CPU's largest cache)", file=out)
+          "(in_place_min_bytes / UD_IN_PLACE_MIN_BYTES; by default the CPU's largest cache, counting at most "
+          f"{cpu_cache.MAX_CACHE_PER_CPU_BYTES >> 20} MiB per CPU sharing it)", file=out)
     stripes = report["stripes"]
     print(f"allreduce and broadcast of {options.STRIPE_MIN_BYTES} bytes per stripe and more run on {stripes} "
           f"stripe{'s' if stripes > 1 else ''} (stripes / UD_STRIPES), with {report['cores']} cores available to this "
