@@ -1548,11 +1548,12 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     if (got < 0)
         return got;
     progressed |= got > 0;
-    /* past the hard deadline the verdict is decided at once, so first read all that is queued:
-     * a rank that was paused or descheduled finds its peers' verdicts there, behind the data
-     * they sent, and with them the cause they decided on. Bounded: what is queued, and senders
-     * get no new credit meanwhile. */
-    while (got > 0 && now >= c->hard_deadline_ns && !c->decided)
+    /* past the hard deadline the verdict is decided at once, so first read what is queued: a
+     * rank that was paused or descheduled finds its peers' verdicts there, behind the data they
+     * sent, and with them the cause they decided on. Best effort, and bounded: at most
+     * LATE_DRAIN_BATCHES batches, so that a flood (from anyone: strangers' datagrams count too)
+     * cannot hold the call past its deadline. */
+    for (int batches = 0; got > 0 && batches < LATE_DRAIN_BATCHES && now >= c->hard_deadline_ns && !c->decided; batches++)
         if ((got = receive_some(c, comm, now)) < 0)
             return got;
     if (c->phase == PHASE_DATA) {

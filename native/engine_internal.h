@@ -14,6 +14,7 @@
 #endif
 #define RECV_BATCH 16
 #define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy at most this long (save_original) */
+#define LATE_DRAIN_BATCHES 1024 /* past the hard deadline: batches read before deciding (udt_call_progress) */
 
 /* per-chunk flags */
 #define SCRATCH_VALID 1u /* the accumulator holds this chunk's current value; else the caller's input does */

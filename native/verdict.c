@@ -194,9 +194,11 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
                 c->verdicts_got++;
                 mark_finished(c, comm, peer, now);
             }
-        } else if (!(current && c->decided) && slot->layout_tag == h->layout_tag) {
-            /* a peer that decided sends its verdict on with the cause it decided on: take it
-             * (a cause only rises; the counts are the ones it sent first) */
+        } else if (!(current && c->decided) && slot->layout_tag == h->layout_tag &&
+                   claimed.cause == CAUSE_WORD(CAUSE_PEER_TIMEOUT, c->rank)) {
+            /* a peer that gave up on us sends its verdict on with that cause (decide): take it,
+             * so that we fail as it did (the counts are the ones it sent first). Only this cause:
+             * a forger gains nothing it could not have by sending its verdict first */
             struct udt_verdict held;
             udt_verdict_decode(slot->payload, &held);
             if (claimed.cause > held.cause) {
@@ -306,12 +308,15 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
         if (blamed == c->rank)
-            udt_error_check(&comm->error, "rank %u (this rank) came to the call, or to its verdict, after its peers "
-                            "stopped waiting for it (the %.1f s join timeout or the %.3f s deadline)", blamed,
-                            comm->options.join_timeout_ms * 1e-3, c->args.deadline_s);
+            udt_error_check(&comm->error, "rank %u (this rank): its peers stopped waiting for it (it came to the call "
+                            "after the %.1f s join timeout, or its verdict did not reach them within the %.3f s deadline)",
+                            blamed, comm->options.join_timeout_ms * 1e-3, c->args.deadline_s);
         else if (blamed < c->n && comm->peers[blamed].gone)
             udt_error_check(&comm->error, "rank %u is gone: its port is closed (ICMP port unreachable came back), so its "
                             "process exited or it closed its communicator", blamed);
+        else if (blamed < c->n && (slot_for(comm, blamed, c->sequence)->flags & VERDICT_GOT))
+            udt_error_check(&comm->error, "rank %u came late to the call or its verdict reached a peer too late: that "
+                            "peer stopped waiting for it", blamed);
         else if (blamed < c->n && comm->peers[blamed].heard)
             udt_error_check(&comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
                      blamed, c->args.deadline_s);

@@ -64,13 +64,13 @@ def test_the_largest_cache_is_read_from_sysfs(tmp_path):
 
 def test_a_cache_larger_than_any_cpu_has_per_cpu_is_taken_for_a_share_of_a_hosts(tmp_path):
     """A VM lists its host's last-level cache: 480 MiB for 2 CPUs on the build machine of
-    2026-11-26, where summing in place won from 2 MiB up. At most 16 MiB per CPU sharing it
+    2026-11-26, where summing in place won from 2 MiB up. At most 32 MiB per CPU sharing it
     counts; a listing without CPUs counts whole."""
     for index, (size, cpus) in enumerate([("48K", "0"), ("2048K", "0"), ("491520K", "0-1")]):
         (tmp_path / f"index{index}").mkdir()
         (tmp_path / f"index{index}" / "size").write_text(size + "\n")
         (tmp_path / f"index{index}" / "shared_cpu_list").write_text(cpus + "\n")
-    assert cpu_cache.largest_cache_bytes(str(tmp_path)) == 32 << 20
+    assert cpu_cache.largest_cache_bytes(str(tmp_path)) == 64 << 20
     (tmp_path / "index2" / "shared_cpu_list").write_text("0-15,32-47\n")  # a real 32-CPU share: unchanged
     cpu_cache.largest_cache_bytes.cache_clear()
     assert cpu_cache.largest_cache_bytes(str(tmp_path)) == 480 << 20

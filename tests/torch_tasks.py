@@ -380,13 +380,17 @@ def c10d_edges(comm, tag):
         frozen = np.arange(4.0) + comm.rank
         frozen.flags.writeable = False
         for name, call in {"exact.allreduce of a read-only array": lambda: exact.allreduce(comm, frozen),
-                           "exact.broadcast into a read-only array": lambda: exact.broadcast(comm, frozen, 1)}.items():
+                           "exact.all_gather into a read-only array": lambda: exact.all_gather(comm, np.zeros(2), frozen)}.items():
             try:
                 call()
                 out[name] = "no error"
             except ValueError as error:
                 out[name] = str(error)
         out["read-only array unchanged"] = bool(np.array_equal(frozen, np.arange(4.0) + comm.rank))
+        # a broadcast only reads its source: a read-only one is fine there
+        target = frozen if comm.rank == 1 else np.zeros(4)
+        exact.broadcast(comm, target, 1)
+        out["broadcast from a read-only source"] = target.copy()
         os.environ["UD_INJECT"] = "bernoulli:0.2"
         try:
             lossy = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=10.0))

@@ -128,7 +128,7 @@ class Communicator:
             raise ValueError(f"world_size {world_size} exceeds the supported maximum {_native.MAX_WORLD_SIZE}")
         self.rank = rank
         self.world_size = world_size
-        self.store = store  # the torch Store of the rendezvous, free for the caller's own use (None once closed)
+        self.store = store  # the torch Store of the rendezvous, free for the caller's own use
         self.options = options
         self.transport_name = transports.choose(transport)
         stripes = check_stripes(options.stripes, self.transport_name)
@@ -586,7 +586,7 @@ class Communicator:
     # -- lifetime ---------------------------------------------------------
 
     def close(self):
-        """Release the socket and buffers, and let go of the store. Safe to call more than once.
+        """Release the socket and buffers. Safe to call more than once.
 
         Peers still in a call with this rank see it as gone (UDP: its port is closed).
 
@@ -599,9 +599,6 @@ class Communicator:
                 engine.close()
             self._stripes = []
             self._engine = None
-            # the store is let go too: kept by a handle to a destroyed group, rank 0's store
-            # server stayed up, and the next group's rendezvous read the old one's addresses
-            self.store = None
 
     @property
     def closed(self):

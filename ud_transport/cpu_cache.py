@@ -7,11 +7,12 @@ from . import sizes
 
 CACHE_DIRECTORY = "/sys/devices/system/cpu/cpu0/cache"
 FALLBACK_BYTES = 32 << 20  # where the kernel does not say (not Linux, or no sysfs)
-# No x86 part has more last-level cache per CPU than this (AMD's stacked-cache parts: 12 MiB per
-# core, 6 per hardware thread). A larger share is a host's cache seen from a VM, shared with
-# other tenants: the 2-vCPU build machine of 2026-11-26 lists 480 MiB, yet summing in place won
-# there from 2 MiB up (README, "Allreduce in place").
-MAX_CACHE_PER_CPU_BYTES = 16 << 20
+# More last-level cache per CPU (hardware thread) than any x86 part we know of has: the largest
+# shares are on AMD's EPYC parts with few cores and stacked cache (EPYC 7373X: 768 MiB for 16
+# cores, 24 MiB per thread; EPYC 72F3: 32 MiB per core, 16 per thread). A larger share is a host's
+# cache seen from a VM and shared with other tenants: the 2-vCPU build machine of 2026-11-26
+# lists 480 MiB, yet summing in place won there from 2 MiB up (docs/wire_measurements.md).
+MAX_CACHE_PER_CPU_BYTES = 32 << 20
 
 
 def parse_size(text):

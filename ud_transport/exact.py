@@ -111,10 +111,12 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
     Returns the stats of each attempt. On failure every rank's tensor is as
     it was."""
-    words, copy_back = as_words(tensor, writes=True)
+    source = comm.rank == src  # only read: a read-only array may be the source
+    words, copy_back = as_words(tensor, writes=not source)
     stats = _repeat(comm, lambda: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline), words, "broadcast",
                     attempts, deadline)
-    copy_back()
+    if not source:
+        copy_back()
     return stats
 
 

@@ -129,7 +129,7 @@ class Options:
         An allreduce of a tensor at least this many bytes sums in the caller's tensor, saving
         each chunk's original before its first change (put back if the call fails); a smaller
         one sums in the communicator's scratch and copies the result out at the end. -1 takes
-        the size of the CPU's largest cache (``ud_transport.cpu_cache``; at most 16 MiB per CPU
+        the size of the CPU's largest cache (``ud_transport.cpu_cache``; at most 32 MiB per CPU
         sharing it, since a VM lists its host's whole cache): in cache the copy at the end is
         cheaper, beyond it summing in place saves cache misses. 0: every allreduce
         in place. Either way the tensor holds the result after a successful call and its

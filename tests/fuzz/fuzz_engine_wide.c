@@ -125,10 +125,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
 
     struct udt_collective_args args = {0};
-    args.collective = data[0] % UDT_COLLECTIVE_COUNT;
+    args.collective = (data[0] & 7) % UDT_COLLECTIVE_COUNT; /* bit 3 is the algorithm's */
     args.algorithm = (data[0] >> 3) & 1;
     args.root = (data[0] >> 4) % world;
-    args.dtype = (data[1] >> 2) % UDT_DTYPE_COUNT;
+    args.dtype = ((data[1] >> 2) & 7) % UDT_DTYPE_COUNT; /* bits 5-7: in place, copies */
     int in_place = (data[1] >> 5) & 1;
     args.copies = 1 + ((data[1] >> 6) & 3);
     args.count = data[2];

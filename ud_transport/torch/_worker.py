@@ -60,16 +60,18 @@ class SerialWorker:
     def __init__(self, name):
         self._queue = queue.SimpleQueue()
         self._closed = False
+        self._closing = threading.Lock()  # a submit racing close() would queue behind the end
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, run, result):
         """Queue run() (which may raise); returns a Work carrying `result`. After close() it
         raises TransportError: nothing would run the call, and its Work would never finish."""
-        if self._closed:
-            raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
-        work = Work(result)
-        self._queue.put((run, work))
+        with self._closing:
+            if self._closed:
+                raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
+            work = Work(result)
+            self._queue.put((run, work))
         return work
 
     def _loop(self):
@@ -90,8 +92,10 @@ class SerialWorker:
 
     def close(self):
         """Finish what is queued, then stop; later submits raise."""
-        self._closed = True
+        with self._closing:
+            self._closed = True
+            if self._thread.is_alive():
+                self._queue.put(None)
         if self._thread.is_alive():
-            self._queue.put(None)
             if threading.current_thread() is not self._thread:
                 self._thread.join()

@@ -353,6 +353,9 @@ class ProcessGroupUD(dist.ProcessGroup):
     def shutdown(self):
         self._worker.close()
         self.communicator.close()
+        # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
+        # store server stayed up and the next group's rendezvous read the old one's addresses
+        self.communicator.store = None
 
     def abort(self):
         self.shutdown()
