@@ -145,9 +145,10 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
      * gather without it. (A call can also end unheard with nothing to exchange, a peer's block
      * empty: no timeout, no cause.) Layouts are compared from the tags every verdict carries. */
     uint32_t absent = CAUSE_NONE;
-    for (uint32_t p = 0; p < c->n && !c->all_heard_ns && now >= c->deadline_ns; p++)
-        if (p != c->rank && !comm->peers[p].heard)
-            absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
+    if (!c->all_heard_ns && now >= c->deadline_ns)
+        for (uint32_t p = 0; p < c->n; p++)
+            if (p != c->rank && !comm->peers[p].heard)
+                absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
     struct udt_verdict mine = {
         .cause = absent,
         .agree_value = c->args.agree_value,

@@ -45,8 +45,8 @@ def _as_torch(tensor, writes=False):
 
     if isinstance(tensor, torch.Tensor):
         return tensor
-    if writes and not tensor.flags.writeable:
-        raise ValueError("collectives work in place and the array is read-only")
+    if writes:
+        tensors.refuse_read_only(tensor)
     return torch.from_numpy(tensor)
 
 

@@ -97,11 +97,16 @@ class TensorView:
         return self.count * self.element_bytes
 
 
+def refuse_read_only(array):
+    """A numpy array a collective will write must be writeable."""
+    if not array.flags.writeable:
+        raise ValueError("collectives work in place and the array is read-only")
+
+
 def _numpy_view(array):
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
         raise ValueError("collectives need a contiguous array (use numpy.ascontiguousarray and copy the result back)")
-    if not array.flags.writeable:
-        raise ValueError("collectives work in place and the array is read-only")
+    refuse_read_only(array)
     if not array.dtype.isnative:
         raise TypeError(f"dtype {array.dtype.str} is not in this machine's byte order: use array.astype(array.dtype.newbyteorder('='))")
     pin = memoryview(array)  # an exported buffer: holds the array for the whole call

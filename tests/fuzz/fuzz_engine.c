@@ -18,6 +18,7 @@
 #include "engine.h"
 #include "elementwise.h"
 #include "engine_internal.h"
+#include "fuzz_records.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -65,17 +66,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const struct call *c = &comm->call;
 
     size_t at = 1;
-    while (at + 4 <= size) {
-        uint8_t flags = data[at], peer = (uint8_t)(1 + data[at + 1] % (WORLD - 1));
-        uint32_t length = (uint32_t)data[at + 2] | (uint32_t)data[at + 3] << 8;
-        at += 4;
-        if (length > size - at)
-            length = (uint32_t)(size - at);
-        if (length > MAX_DATAGRAM)
-            length = MAX_DATAGRAM;
+    struct fuzz_record record;
+    while (fuzz_next_record(data, size, &at, MAX_DATAGRAM, &record)) {
+        uint8_t flags = record.flags, peer = (uint8_t)(1 + record.selector % (WORLD - 1));
+        uint32_t length = record.length;
         uint8_t datagram[MAX_DATAGRAM];
-        memcpy(datagram, data + at, length);
-        at += length;
+        memcpy(datagram, record.bytes, length);
         if ((flags & 1) && length >= UDT_WIRE_HEADER_BYTES) {
             struct udt_wire_header h;
             udt_wire_decode(datagram, length, &h);

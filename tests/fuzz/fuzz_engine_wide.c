@@ -21,6 +21,7 @@
 #include "transport.h"
 #include "wire.h"
 #include "blocks.h"
+#include "fuzz_records.h"
 
 #define SESSION 0x1122334455667788ull
 #define MAX_DATAGRAM (UDT_WIRE_HEADER_BYTES + 256)
@@ -171,19 +172,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const struct call *c = &comm->call;
 
     size_t at = 5;
-    while (at + 4 <= size) {
-        uint8_t flags = data[at], sel = data[at + 1];
+    struct fuzz_record record;
+    while (fuzz_next_record(data, size, &at, MAX_DATAGRAM, &record)) {
+        uint8_t flags = record.flags, sel = record.selector;
         uint32_t peer = (rank + 1 + sel % (world - 1)) % world;
-        uint32_t length = (uint32_t)data[at + 2] | (uint32_t)data[at + 3] << 8;
-        at += 4;
-        if (length > size - at)
-            length = (uint32_t)(size - at);
-        if (length > MAX_DATAGRAM)
-            length = MAX_DATAGRAM;
+        uint32_t length = record.length;
         uint8_t datagram[MAX_DATAGRAM];
         memset(datagram, 0, sizeof datagram);
-        memcpy(datagram, data + at, length);
-        at += length;
+        memcpy(datagram, record.bytes, length);
         if ((flags & 0x30) == 0x30) { /* control: end this call, start the next */
             if (call_no < calls) {
                 if (run_out(comm, peers, world, rank, &now) != 2) {
