@@ -74,10 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(datagram, record.bytes, length);
         if ((flags & 1) && length >= UDT_WIRE_HEADER_BYTES) {
             struct udt_wire_header h;
-            udt_wire_decode(datagram, length, &h);
-            h.magic = UDT_WIRE_MAGIC;
-            h.version = UDT_WIRE_VERSION;
-            h.session_id = SESSION;
+            fuzz_header_of(datagram, length, SESSION, &h);
             h.sequence = c->sequence + ((flags >> 1) & 1); /* this call, or the next */
             h.source_rank = peer;
             h.layout_tag = c->layout_tag;

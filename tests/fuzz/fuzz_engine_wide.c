@@ -195,10 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if ((flags & 1) && length >= UDT_WIRE_HEADER_BYTES) {
             struct udt_wire_header h;
-            udt_wire_decode(datagram, length, &h);
-            h.magic = UDT_WIRE_MAGIC;
-            h.version = UDT_WIRE_VERSION;
-            h.session_id = SESSION;
+            fuzz_header_of(datagram, length, SESSION, &h);
             h.sequence = c->sequence + ((flags >> 1) & 1) - ((flags >> 6) & 1);
             int keep_layout = (h.reserved & 0x8000u) != 0; /* the fuzzer's own tag: another layout */
             if (!keep_layout)

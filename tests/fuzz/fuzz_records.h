@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire.h"
+
 struct fuzz_record {
     uint8_t flags, selector;
     uint32_t length; /* cut to what the input has left and to the harness's largest datagram */
@@ -30,6 +32,17 @@ static inline int fuzz_next_record(const uint8_t *data, size_t size, size_t *at,
     record->bytes = data + *at;
     *at += length;
     return 1;
+}
+
+/* A record's datagram read as a header of this session's wire format, the rest as the fuzzer
+ * wrote it: the harness then fixes up what it chooses to. */
+static inline void fuzz_header_of(const uint8_t *datagram, uint32_t length, uint64_t session,
+                                  struct udt_wire_header *h)
+{
+    udt_wire_decode(datagram, length, h);
+    h->magic = UDT_WIRE_MAGIC;
+    h->version = UDT_WIRE_VERSION;
+    h->session_id = session;
 }
 
 #endif
