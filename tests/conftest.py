@@ -9,6 +9,12 @@ from ud_transport.local_cluster import LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The default stripes="auto" runs as many stripes as each rank has cores of its own: 1 for two or
+# more ranks on the 2-core CI machine, up to 4 on a larger one. Tests that count datagrams, windows
+# or calls expect one socket per rank wherever they run, so the suite runs one stripe unless a test
+# asks otherwise; tests/test_stripes.py and tests/test_stripe_choice.py set stripes themselves.
+os.environ.setdefault("UD_STRIPES", "1")
+
 _clusters = collections.OrderedDict()  # least recently used first
 
 # Rank processes kept alive at once: each holds torch (~250 MB), and a whole suite's worth of

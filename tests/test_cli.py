@@ -93,6 +93,20 @@ def test_info_says_how_many_stripes_and_cores():
     assert "run on 1 stripe (" in run("info", env=dict(os.environ, UD_STRIPES="1")).stdout
 
 
+def test_info_says_what_auto_stripes_give_here():
+    from ud_transport import stripe_choice
+
+    env = {k: v for k, v in os.environ.items() if k != "UD_STRIPES"}
+    for ranks in (1, 2):
+        env["LOCAL_WORLD_SIZE"] = str(ranks)
+        report = json.loads(run("info", "--json", env=env).stdout)
+        expected = stripe_choice.stripes_alone(ranks)
+        assert (report["stripes_option"], report["ranks_here"], report["stripes"]) == ("auto", ranks, expected)
+        assert report["udp"]["stripes"] == expected
+        assert f"stripes=auto: one per core of each rank's share of its machine, at most 4, the least over all ranks; " \
+               f"{expected} for {ranks} rank" in run("info", env=env).stdout
+
+
 def test_unknown_command_says_what_was_wrong_and_exits_2():
     result = run("frobnicate")
     assert result.returncode == 2 and result.stdout == ""

@@ -13,6 +13,7 @@ drops happen in the bridge); links carry MTU-sized packets. Gloo runs over the s
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -164,7 +165,7 @@ def run_rank(comm, config):
     results = [results[backend, nbytes] for backend in backends for nbytes in config["sizes"]]
     if bar:
         bar.close()
-    return dict(results=results)
+    return dict(results=results, stripes=comm.stripes)
 
 
 def summarize(per_rank, world_size):
@@ -320,7 +321,9 @@ def main(argv=None):
     if hosts and not inject:
         where, loss_note = where.removesuffix(", no loss"), ("no loss" if not args.kernel_loss else "")
     print(f"# ud_transport bench: {args.world_size} ranks on one machine, {where}, {loss_note + ', ' if loss_note else ''}"
-          f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank")
+          f"{args.iterations} iterations (+{args.warmup} warm-up); time per call = slowest rank; "
+          f"{per_rank[0]['stripes']} stripe{'s' if per_rank[0]['stripes'] > 1 else ''} per rank "
+          f"(UD_STRIPES={os.environ.get('UD_STRIPES', 'auto')})")
     print(f"# this machine: one 64 MiB memory copy takes {copy_ms:.1f} ms (median of 20)")
     print(format_table(rows, args.dtype))
     for line in ratios_to_gloo(rows):

@@ -5,7 +5,7 @@ import os
 import struct
 import threading
 
-from . import _native, algorithms, rendezvous, transports
+from . import _native, algorithms, rendezvous, stripe_choice, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
@@ -142,6 +142,9 @@ class Communicator:
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
+        if stripes == "auto":
+            stripes = self._agree_on_stripes(prefix, timeout)
+        self.stripes = stripes  # sockets and threads a large allreduce or broadcast runs on
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
         endpoints = []
@@ -158,6 +161,15 @@ class Communicator:
         log.info("rank %d/%d ready on %s, chunk %d bytes, window %d bytes%s%s", rank, world_size, self.transport_name,
                  self.chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "",
                  f", {stripes} stripes (window each)" if stripes > 1 else "")
+
+    def _agree_on_stripes(self, prefix, timeout):
+        """stripes="auto": every rank publishes its machine and CPUs, and all take the same count
+        from the same records (stripe_choice). Verbs runs one stripe."""
+        if self.transport_name != "udp":
+            return 1
+        mine = stripe_choice.encode(*stripe_choice.this_process())
+        everyone = rendezvous.exchange(self.store, f"{prefix}/cores", self.rank, self.world_size, mine, timeout)
+        return stripe_choice.agreed_stripes([stripe_choice.decode(record) for record in everyone])
 
     def _open_stripes(self, endpoints, bind, options, prefix, timeout, stripes):
         """Open this rank's sockets (one per stripe) into `endpoints`, meet the other ranks' and

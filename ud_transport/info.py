@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from . import _native, cpu_cache, options, rendezvous, transports, verbs_extension
+from . import _native, cpu_cache, options, rendezvous, stripe_choice, transports, verbs_extension
 from .arguments import ArgumentParser
 
 
@@ -54,7 +54,9 @@ def gather(device=None):
     report["udp"] = udp_report()
     settings = options.build()
     report["in_place_min_bytes"] = settings.resolved_in_place_min_bytes()
-    report["stripes"] = settings.stripes
+    report["stripes_option"] = settings.stripes  # "auto" or a count
+    report["ranks_here"] = ranks_here()
+    report["stripes"] = stripes_here(settings)
     report["cores"] = len(os.sched_getaffinity(0))  # what this process may run on (a container's share)
     report["transports"] = availability(report["udp"])
     try:
@@ -62,6 +64,20 @@ def gather(device=None):
     except Exception as error:  # an invalid UD_TRANSPORT, say
         report["transport"] = f"error: {error}"
     return report
+
+
+def ranks_here():
+    """The ranks `info` assumes share this machine: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
+
+
+def stripes_here(settings):
+    """The stripes a communicator opened here would run ("auto" resolved for ranks_here() ranks
+    like this process on this machine, and ranks elsewhere with as many cores each)."""
+    return stripe_choice.stripes_alone(ranks_here()) if settings.stripes == "auto" else settings.stripes
 
 
 def availability(udp):
@@ -91,9 +107,9 @@ def udp_report():
             "receive_buffer_bytes": granted, "receive_buffer_asked": settings.socket_buffer_bytes,
             "receive_buffer_forced": bool(features & _native.UDP_RCVBUF_FORCED), "datagram_bytes": datagram,
             "overflow_drops_counted": bool(features & _native.UDP_DROPS_COUNTED),
-            "stripes": settings.stripes,  # each stripe's socket gets this window over the stripe count
+            "stripes": (stripes := stripes_here(settings)),  # each stripe's socket gets this window over the stripe count
             "window_bytes_asked": (asked := options.credit_window_bytes(settings.window_bytes, datagram - _native.HEADER_BYTES)
-                                   // settings.stripes),
+                                   // stripes),
             "window_bytes": transports.window_that_fits(granted, datagram, asked),
             "description": transport.describe()}
 
@@ -153,6 +169,11 @@ def render(report, out):
           f"stripe{'s' if stripes > 1 else ''} (stripes / UD_STRIPES), with {report['cores']} cores available to this "
           "process: each stripe is a thread and a socket of its own, which pays only where every local rank has "
           "cores to spare", file=out)
+    if report["stripes_option"] == "auto":
+        ranks = report["ranks_here"]
+        print(f"  stripes=auto: one per core of each rank's share of its machine, at most {stripe_choice.AUTO_MAX_STRIPES}, "
+              f"the least over all ranks; {stripes} for {ranks} rank{'s' if ranks > 1 else ''} on this machine "
+              "(LOCAL_WORLD_SIZE); the communicator counts the ranks that share each machine itself", file=out)
     print(f"transport='auto' resolves to: {report['transport']}"
           + (f" (UD_TRANSPORT={os.environ['UD_TRANSPORT']})" if os.environ.get("UD_TRANSPORT") else ""), file=out)
     print("override with device= / UD_DEVICE, port= / UD_PORT, gid_index= / UD_GID_INDEX", file=out)

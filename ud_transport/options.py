@@ -88,16 +88,18 @@ class Options:
     copies : int, default 1
         The ``copies`` of a call that passes None: each data datagram goes out this many times
         (1 to ``_native.MAX_COPIES``), so a chunk is lost only if every copy is. ``UD_COPIES``.
-    stripes : int, default 1
+    stripes : int or "auto", default "auto"
         UDP only: sockets, and threads, each rank runs a large allreduce or broadcast on. A call
         of at least ``STRIPE_MIN_BYTES`` per stripe is split into this many contiguous parts run
         at once, each on its own socket and thread, with one outcome (OK only if every part
         is; otherwise the tensor is put back whole) and merged stats; the loss budget holds
         for each part, so for the whole. The credit window is shared out among the parts (each
         keeps the engine's floor of 16 chunks, so above 12 stripes the parts together exceed
-        the default 192 datagrams). More than 1 can pay only where a rank has cores to spare; on
-        the 2-core build machine 2 stripes were slower than 1, and many cores are not measured yet
-        (README, "Stripes"). Every rank must set the same. 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
+        the default 192 datagrams). More than 1 pays only where a rank has cores to spare: "auto"
+        gives each rank one stripe per core of its fair share of its machine (the CPUs it may run
+        on, shared evenly with the other ranks on the same kernel, within its cgroup quota), the
+        least over all ranks, at most 4 (``stripe_choice``; README, "Stripes"). 1 on the verbs
+        transport. Every rank must set the same. "auto" or 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
         up to 16x; JOIN requests up to 128x).
@@ -162,7 +164,7 @@ class Options:
     estimator: str = "unbiased"
     algorithm: str = "auto"
     copies: int = 1
-    stripes: int = 1
+    stripes: object = "auto"
     agree_resend_us: int = 1000
     join_timeout_s: float = 300.0
     bind_address: str = ""
@@ -222,12 +224,26 @@ def check_copies(copies):
 
 
 def check_stripes(stripes, transport="udp"):
-    """`stripes` if it is an integer from 1 to _native.MAX_STRIPES that `transport` can run, else ValueError."""
+    """`stripes` if it is "auto" or an integer from 1 to _native.MAX_STRIPES that `transport` can
+    run, else ValueError."""
+    if stripes == "auto":
+        return stripes
     if isinstance(stripes, bool) or not isinstance(stripes, int) or not 1 <= stripes <= _native.MAX_STRIPES:
-        raise ValueError(f"stripes must be an integer from 1 to {_native.MAX_STRIPES}, got {stripes!r}")
+        raise ValueError(f"stripes must be \"auto\" or an integer from 1 to {_native.MAX_STRIPES}, got {stripes!r}")
     if stripes > 1 and transport != "udp":
         raise ValueError(f"stripes={stripes} needs the UDP transport; {transport} runs one stripe (UD_STRIPES=1)")
     return stripes
+
+
+def parse_stripes(text):
+    """UD_STRIPES's value: "auto", or the integer it spells (check_stripes judges its range)."""
+    text = text.strip()
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"UD_STRIPES must be \"auto\" or an integer from 1 to {_native.MAX_STRIPES}, got {text!r}") from None
 
 
 def build(**overrides):
@@ -239,7 +255,7 @@ def build(**overrides):
     values = {}
     for name, variable in ENVIRONMENT.items():
         if variable in os.environ:
-            default = getattr(Options, name)
-            values[name] = type(default)(environment.read(variable))
+            text = environment.read(variable)
+            values[name] = parse_stripes(text) if name == "stripes" else type(getattr(Options, name))(text)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return replace(Options(), **values).validate()

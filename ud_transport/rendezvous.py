@@ -73,8 +73,8 @@ def exchange(store, prefix, rank, world_size, value, timeout_s):
 
 def identity_record(world_size, library_version, wire_version, stripes=1):
     """What a rank publishes about the job it believes it is in; ranks must publish the same
-    (Options.stripes too: ranks must open as many sockets and split calls alike)."""
-    return f"{world_size}/ud_transport {library_version} wire {wire_version}" + (f" stripes {stripes}" if stripes > 1 else "")
+    (Options.stripes too, "auto" included: ranks must open as many sockets and split calls alike)."""
+    return f"{world_size}/ud_transport {library_version} wire {wire_version}" + (f" stripes {stripes}" if stripes != 1 else "")
 
 
 def check_identity(store, prefix, rank, world_size, mine, timeout_s):

@@ -1,0 +1,190 @@
+"""stripes="auto" (ud_transport/stripe_choice.py): each rank's fair share of its machine's cores,
+the least over all ranks, 1 to 4. The arithmetic on records; the cgroup quota reader on a
+written tree; and real communicators that agree on the count through the rendezvous, read
+their affinity mask, and run their large calls on that many stripes."""
+import datetime
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import ud_transport
+from ud_transport import options as options_module, stripe_choice
+from ud_transport.communicator import Communicator
+from ud_transport.local_cluster import free_tcp_port
+from ud_transport.options import STRIPE_MIN_BYTES
+
+SIXTEEN = list(range(16))
+
+
+def agreed(*records):
+    return stripe_choice.agreed_stripes(list(records))
+
+
+def test_ranks_sharing_a_machine_share_its_cores():
+    # the counts measured best on 16 cores (README, "Stripes"): 4 at 2 and 4 ranks, 2 at 8, 1 at 16
+    for ranks, expected in ((1, 4), (2, 4), (4, 4), (8, 2), (16, 1), (40, 1)):
+        assert agreed(*[("m", SIXTEEN, None)] * ranks) == expected, ranks
+    assert agreed(("m", [0, 1], None), ("m", [0, 1], None)) == 1  # this build machine at 2 ranks
+    assert agreed(("m", [0, 1], None)) == 2
+
+
+def test_a_pinned_rank_counts_only_its_own_cpus():
+    # two ranks pinned to halves of 16 CPUs: 8 each; pinned to two CPUs each: 2
+    assert agreed(("m", list(range(8)), None), ("m", list(range(8, 16)), None)) == 4
+    assert agreed(("m", [0, 1], None), ("m", [2, 3], None)) == 2
+    # one rank pinned to one CPU holds every rank to one stripe
+    assert agreed(("m", [0], None), ("m", SIXTEEN, None)) == 1
+
+
+def test_the_least_machine_decides_for_every_rank():
+    big = [("a", SIXTEEN, None)] * 2
+    assert agreed(*big) == 4
+    assert agreed(*big, ("b", [0, 1], None), ("b", [0, 1], None)) == 1
+    assert agreed(*big, ("b", [0, 1, 2, 3], None)) == 4  # alone on 4 CPUs: a share of 4
+
+
+def test_a_cgroup_quota_caps_the_share():
+    assert agreed(("m", SIXTEEN, 2.0)) == 2
+    assert agreed(("m", SIXTEEN, 0.5)) == 1
+    assert agreed(("m", SIXTEEN, 8.0), ("m", SIXTEEN, 8.0)) == 4  # as if the two shared the 8 CPUs
+    assert agreed(("m", SIXTEEN, 6.0), ("m", SIXTEEN, 6.0)) == 3
+
+
+def test_records_survive_the_rendezvous_encoding():
+    for record in (("boot-id", [0, 3, 17], None), ("host:x", [5], 2.5), ("m", [], None)):
+        assert stripe_choice.decode(stripe_choice.encode(*record)) == record
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_cgroup_reader_takes_the_tightest_quota_on_the_path(tmp_path):
+    """A written /proc/self/cgroup and cgroup tree (the parser's input, not a live cgroup)."""
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    write(proc / "self/cgroup", "0::/job/rank0\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) is None  # no cpu.max anywhere
+    write(cgroups / "cpu.max", "max 100000\n")
+    write(cgroups / "job/cpu.max", "400000 100000\n")
+    write(cgroups / "job/rank0/cpu.max", "max 100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 4.0
+    write(cgroups / "job/rank0/cpu.max", "150000 100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 1.5
+    write(proc / "self/cgroup", "12:cpu,cpuacct:/job\n")  # cgroup v1 only: no quota read
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) is None
+    assert stripe_choice.cgroup_cpu_limit(tmp_path / "absent", cgroups) is None
+
+
+def test_the_option_and_its_variable_take_auto_or_a_count(monkeypatch):
+    assert options_module.Options().stripes == "auto"
+    assert options_module.build(stripes=2).stripes == 2
+    monkeypatch.setenv("UD_STRIPES", "auto")
+    assert options_module.build().stripes == "auto"
+    monkeypatch.setenv("UD_STRIPES", "3")
+    assert options_module.build().stripes == 3
+    for wrong in ("many", "2.0", ""):
+        monkeypatch.setenv("UD_STRIPES", wrong)
+        with pytest.raises(ValueError, match="UD_STRIPES must be \"auto\" or an integer"):
+            options_module.build()
+    monkeypatch.delenv("UD_STRIPES")
+    with pytest.raises(ValueError, match="stripes must be \"auto\" or an integer"):
+        options_module.Options(stripes="Auto").validate()
+
+
+def store():
+    return dist.TCPStore("127.0.0.1", free_tcp_port(), is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=30))
+
+
+def client_of(master):
+    return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+
+
+def run_ranks(world_size, task, name, stripes_of_rank=lambda rank: "auto"):
+    """task(rank, communicator or the error that creating it raised) on a thread per rank; the results by rank."""
+    shared, results = store(), {}
+
+    def rank_thread(rank):
+        try:
+            comm = Communicator(rank, world_size, client_of(shared), "udp",
+                                options_module.build(store_timeout_s=30, stripes=stripes_of_rank(rank)), name=name)
+        except ud_transport.TransportError as error:
+            results[rank] = task(rank, error)
+            return
+        with comm:
+            results[rank] = task(rank, comm)
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,), name=f"rank{rank}") for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return [results.get(rank) for rank in range(world_size)]
+
+
+def striped_sum(rank, comm):
+    """(comm.stripes, the stripes of a large allreduce, whether its result is exact)."""
+    count = 4 * STRIPE_MIN_BYTES // 4 + 5
+    tensor = np.full(count, rank + 1, dtype=np.float32)
+    stats = comm.allreduce(tensor, loss_budget=0.0)
+    return comm.stripes, stats.stripes, bool((tensor == 3).all())
+
+
+def test_ranks_on_different_machines_agree_through_the_rendezvous(monkeypatch):
+    """Two ranks in this process, each told (a stand-in for being on another machine, the one
+    thing replaced here) that it runs alone on a machine of its own: each has its 2 CPUs to itself,
+    so both run 2 stripes, over real sockets; when rank 1's machine has one CPU, both run 1."""
+    cpus = {"rank0": [0, 1], "rank1": [0, 1]}
+    monkeypatch.setattr(stripe_choice, "this_process",
+                        lambda: (f"machine of {threading.current_thread().name}", cpus[threading.current_thread().name], None))
+    assert run_ranks(2, striped_sum, "two machines") == [(2, 2, True)] * 2
+    cpus["rank1"] = [0]
+    assert run_ranks(2, striped_sum, "a small machine") == [(1, 1, True)] * 2
+
+
+def test_two_ranks_on_this_machine_agree_on_their_share():
+    """No stand-in: both ranks read this machine's boot id and their affinity masks."""
+    machine, cpus, limit = stripe_choice.this_process()
+    expected = stripe_choice.agreed_stripes([(machine, cpus, limit)] * 2)
+    assert run_ranks(2, striped_sum, "this machine") == [(expected, expected, True)] * 2
+
+
+def test_auto_and_a_count_are_named_as_disagreeing():
+    errors = run_ranks(2, lambda rank, comm: str(comm), "auto against one", stripes_of_rank=lambda rank: "auto" if rank == 0 else 1)
+    assert "rank 0: rank 1 disagrees" in errors[0] and "stripes auto" in errors[0], errors
+    assert "rank 1: rank 0 disagrees" in errors[1], errors
+
+
+ALONE = textwrap.dedent("""
+    import datetime, numpy as np, torch.distributed as dist, ud_transport
+    from ud_transport.local_cluster import free_tcp_port
+    store = dist.TCPStore("127.0.0.1", free_tcp_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
+    with ud_transport.init(0, 1, store=store) as comm:
+        tensor = np.arange(1 << 21, dtype=np.float32)
+        stats = comm.allreduce(tensor)
+        print(comm.stripes, stats.stripes, bool((tensor == np.arange(1 << 21, dtype=np.float32)).all()))
+""")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not hasattr(os, "sched_setaffinity"),
+                    reason="needs 2 CPUs to run on, to restrict one process to one of them")
+def test_a_rank_reads_the_cpus_it_may_run_on():
+    """A world of one rank: 2 stripes where it may run on two CPUs, 1 where its mask is one CPU."""
+    environment = {k: v for k, v in os.environ.items() if k != "UD_STRIPES"}
+    two = sorted(os.sched_getaffinity(0))[:2]
+
+    def alone(cpus):
+        finished = subprocess.run([sys.executable, "-c", ALONE], capture_output=True, text=True, timeout=120, env=environment,
+                                  preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+        assert finished.returncode == 0, finished.stderr
+        return finished.stdout.split()
+
+    assert alone(two) == ["2", "2", "True"]
+    assert alone(two[:1]) == ["1", "1", "True"]
