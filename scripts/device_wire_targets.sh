@@ -10,10 +10,11 @@
 #
 # --run unpacks the packages into $NETDEBS_ROOT (default /opt/netdebs) unless `ip` and `nft` are
 # already there, puts wrappers that find their libraries first on PATH, builds the extension
-# without verbs, and runs scripts/wire_targets.py (default: loopback,veth1500,bridge4 at 100
-# iterations in one round, stripes 1,2,4: about 8 minutes on 16 cores; the stripes take turns
-# within the round, and a second round's setup might not fit the device's 10-minute command
-# limit), the log also in $OUT/wire_targets.log when $OUT is set.
+# without verbs, prints what `info` says stripes="auto" gives there, and runs
+# scripts/wire_targets.py (default: loopback,veth1500,bridge4,bridge8 at 100 iterations in one
+# round, UD_STRIPES 1 and auto taking turns within the round: about 6 minutes on 16 cores, where
+# loopback, veth1500 and bridge4 at stripes 1,2,4 did not fit 320 s), the log also in
+# $OUT/wire_targets.log when $OUT is set.
 set -euo pipefail
 SCRIPT=$(realpath "$0")
 cd "$(dirname "$SCRIPT")/.."
@@ -76,8 +77,11 @@ run() {
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     local arguments=("$@")
     if [ ${#arguments[@]} -eq 0 ]; then
-        arguments=(--only loopback,veth1500,bridge4 --iterations 100 --rounds 1 --stripes 1,2,4)
+        arguments=(--only loopback,veth1500,bridge4,bridge8 --iterations 100 --rounds 1 --stripes 1,auto)
     fi
+    for ranks in 2 4 8; do
+        LOCAL_WORLD_SIZE=$ranks python3 -m ud_transport info | grep -A1 "(stripes / UD_STRIPES)" | tail -n 1
+    done
     local log=${OUT:+$OUT/wire_targets.log}
     python3 scripts/wire_targets.py "${arguments[@]}" 2>&1 | tee ${log:+"$log"}
 }
