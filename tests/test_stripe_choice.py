@@ -77,9 +77,29 @@ def test_the_cgroup_reader_takes_the_tightest_quota_on_the_path(tmp_path):
     assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 4.0
     write(cgroups / "job/rank0/cpu.max", "150000 100000\n")
     assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 1.5
-    write(proc / "self/cgroup", "12:cpu,cpuacct:/job\n")  # cgroup v1 only: no quota read
-    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) is None
     assert stripe_choice.cgroup_cpu_limit(tmp_path / "absent", cgroups) is None
+    write(cgroups / "job/cpu.max", "bogus\n")  # unreadable content is no quota, not an error
+    write(cgroups / "job/rank0/cpu.max", "max 100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) is None
+
+
+def test_the_cgroup_reader_takes_v1_quotas_too(tmp_path):
+    """cgroup v1 (this build machine's kind): cpu.cfs_quota_us over cpu.cfs_period_us, -1 for none,
+    under the controllers' mount; a container sees its own cgroup as the mount's root."""
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    write(proc / "self/cgroup", "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n0::/\n")
+    write(cgroups / "cpu,cpuacct/cpu.cfs_quota_us", "-1\n")
+    write(cgroups / "cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) is None
+    write(cgroups / "cpu,cpuacct/cpu.cfs_quota_us", "250000\n")  # the container's own, at the mount's root
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 2.5
+    write(cgroups / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "100000\n")  # seen from the host: the path
+    write(cgroups / "cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 1.0
+    write(cgroups / "cpu.max", "300000 100000\n")  # a hybrid machine's v2 quota counts too: the least wins
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 1.0
+    write(cgroups / "cpu.max", "50000 100000\n")
+    assert stripe_choice.cgroup_cpu_limit(proc, cgroups) == 0.5
 
 
 def test_the_option_and_its_variable_take_auto_or_a_count(monkeypatch):

@@ -2,9 +2,9 @@
 least over all ranks, at most AUTO_MAX_STRIPES.
 
 Measured with the wire benchmark (README, "Stripes"): on the 2-core build machine 2 stripes were
-slower than 1 for 2 ranks; on a 16-core machine, at MTU 1500 on veth and on loopback, 4 stripes
-beat 2 and 1 for 2 and 4 ranks, 2 beat 1 for 8 ranks, and 1 beat 2 for 16 ranks. One stripe per
-core a rank can call its own fits every one of those.
+slower than 1 for 2 ranks; on a 16-core machine (loopback, and MTU 1500 on veth and a bridge),
+4 stripes beat 2 and 1 for 2 ranks and beat 1 for 4 ranks (2 not run), 2 beat 1 for 8 ranks, and
+1 beat 2 for 16 ranks. One stripe per core a rank can call its own fits every one of those.
 
 Ranks on one machine share its cores: the rendezvous tells each rank which ranks run on the same
 kernel (its boot id, which every network namespace and container on that kernel shares) and
@@ -28,27 +28,56 @@ def machine_key():
 
 
 def cgroup_cpu_limit(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
-    """The CPUs' worth of time cgroup v2 quotas allow this process (the tightest along its path),
-    or None where no quota is set or none can be read."""
+    """The CPUs' worth of time cgroup quotas allow this process (the tightest along its path, v2's
+    cpu.max or v1's cpu.cfs_quota_us), or None where no quota is set or none can be read."""
     try:
         with open(f"{proc_root}/self/cgroup") as f:
-            path = next((line.split("::", 1)[1].strip() for line in f if line.startswith("0::")), None)
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
         return None
-    if path is None:
-        return None
-    limit = None
-    parts = [part for part in path.split("/") if part]
-    for depth in range(len(parts), -1, -1):
-        try:
-            with open(os.path.join(cgroup_root, *parts[:depth], "cpu.max")) as f:
-                quota, period = f.read().split()[:2]
-        except (OSError, ValueError):
+    limits = []
+    for fields in lines:
+        if len(fields) != 3:
             continue
-        if quota != "max" and int(period) > 0:
-            cpus = int(quota) / int(period)
-            limit = cpus if limit is None else min(limit, cpus)
-    return limit
+        _, controllers, path = fields
+        if controllers == "":  # v2: one hierarchy
+            limits += _limits_along(path, [cgroup_root], _read_cpu_max)
+        elif "cpu" in controllers.split(","):  # v1: mounted under its controllers' names, or as cpu
+            limits += _limits_along(path, [os.path.join(cgroup_root, controllers), os.path.join(cgroup_root, "cpu")],
+                                    _read_cfs_quota)
+    return min(limits) if limits else None
+
+
+def _limits_along(path, roots, read):
+    """The quotas `read` finds in `path`'s directory and each above it, under the first root that
+    has any of them (a container sees its own cgroup as the root of the mount)."""
+    parts = [part for part in path.split("/") if part]
+    for root in roots:
+        found = [limit for depth in range(len(parts), -1, -1)
+                 if (limit := read(os.path.join(root, *parts[:depth]))) is not None]
+        if found:
+            return found
+    return []
+
+
+def _read_cpu_max(directory):
+    try:
+        with open(os.path.join(directory, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" or int(period) <= 0 else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_cfs_quota(directory):
+    try:
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota < 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
 
 def this_process():
