@@ -52,13 +52,25 @@ def test_the_least_machine_decides_for_every_rank():
 def test_a_cgroup_quota_caps_the_share():
     assert agreed(("m", SIXTEEN, 2.0)) == 2
     assert agreed(("m", SIXTEEN, 0.5)) == 1
-    assert agreed(("m", SIXTEEN, 8.0), ("m", SIXTEEN, 8.0)) == 4  # as if the two shared the 8 CPUs
-    assert agreed(("m", SIXTEEN, 6.0), ("m", SIXTEEN, 6.0)) == 3
+    # two ranks under one quota (one container) share it: 6 CPUs' worth gives 3 each
+    assert agreed(("m", SIXTEEN, 6.0, "0:7"), ("m", SIXTEEN, 6.0, "0:7")) == 3
+    # eight pods of 8 CPUs each on a 64-CPU machine: each quota is its own pod's
+    pods = [("m", list(range(64)), 8.0, f"0:{pod}") for pod in range(8)]
+    assert agreed(*pods) == 4
+    assert agreed(*[("m", list(range(64)), 2.0, f"0:{pod}") for pod in range(8)]) == 2
+
+
+def test_ranks_of_other_groups_on_the_machine_count_too():
+    # two ranks of a subgroup, of 8 that torchrun started on this 16-CPU machine: 2 CPUs each, not 8
+    assert agreed(("m", SIXTEEN, None, "", 8), ("m", SIXTEEN, None, "", 8)) == 2
+    assert agreed(("m", SIXTEEN, None, "", 1), ("m", SIXTEEN, None, "", 1)) == 4  # fewer than seen: the records count
 
 
 def test_records_survive_the_rendezvous_encoding():
-    for record in (("boot-id", [0, 3, 17], None), ("host:x", [5], 2.5), ("m", [], None)):
-        assert stripe_choice.decode(stripe_choice.encode(*record)) == record
+    for record in (("boot-id", [0, 3, 17], None, "", 0), ("host:x", [5], 2.5, "34:1029", 8), ("m", [], None, "", 0),
+                   ("m", list(range(192)), None, "", 0)):
+        assert tuple(stripe_choice.decode(stripe_choice.encode(record))) == record
+    assert len(stripe_choice.encode(("0" * 36, list(range(192)), None, "", 0))) < 50  # ranges, not 192 numbers
 
 
 def write(path, text):
@@ -171,8 +183,9 @@ def test_ranks_on_different_machines_agree_through_the_rendezvous(monkeypatch):
 
 def test_two_ranks_on_this_machine_agree_on_their_share():
     """No stand-in: both ranks read this machine's boot id and their affinity masks."""
-    machine, cpus, limit = stripe_choice.this_process()
-    expected = stripe_choice.agreed_stripes([(machine, cpus, limit)] * 2)
+    cpus, quota = len(os.sched_getaffinity(0)), stripe_choice.cgroup_cpu_limit()
+    share = min(cpus // 2, int(quota // 2) if quota is not None else cpus)  # 1 on the 2-CPU CI machine
+    expected = max(1, min(4, share))
     assert run_ranks(2, striped_sum, "this machine") == [(expected, expected, True)] * 2
 
 
@@ -186,18 +199,18 @@ ALONE = textwrap.dedent("""
     import datetime, numpy as np, torch.distributed as dist, ud_transport
     from ud_transport.local_cluster import free_tcp_port
     store = dist.TCPStore("127.0.0.1", free_tcp_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
-    with ud_transport.init(0, 1, store=store) as comm:
+    with ud_transport.init(0, 1, store=store, transport="udp") as comm:
         tensor = np.arange(1 << 21, dtype=np.float32)
         stats = comm.allreduce(tensor)
         print(comm.stripes, stats.stripes, bool((tensor == np.arange(1 << 21, dtype=np.float32)).all()))
 """)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not hasattr(os, "sched_setaffinity"),
-                    reason="needs 2 CPUs to run on, to restrict one process to one of them")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or (stripe_choice.cgroup_cpu_limit() or 2) < 2,
+                    reason="needs 2 CPUs to run on (and a cgroup quota of at least 2), to restrict one process to one of them")
 def test_a_rank_reads_the_cpus_it_may_run_on():
     """A world of one rank: 2 stripes where it may run on two CPUs, 1 where its mask is one CPU."""
-    environment = {k: v for k, v in os.environ.items() if k != "UD_STRIPES"}
+    environment = {k: v for k, v in os.environ.items() if k not in ("UD_STRIPES", "UD_TRANSPORT", "LOCAL_WORLD_SIZE")}
     two = sorted(os.sched_getaffinity(0))[:2]
 
     def alone(cpus):

@@ -106,6 +106,12 @@ class Communicator:
         in creation order (the same on every rank only if every rank creates the same ones:
         name those that differ).
 
+    Attributes
+    ----------
+    stripes : int
+        The sockets and threads a large allreduce or broadcast runs on: ``options.stripes``, or
+        what "auto" agreed on at the rendezvous (the same on every rank; 1 on verbs).
+
     Raises
     ------
     TransportError
@@ -140,7 +146,8 @@ class Communicator:
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes)
+        identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,
+                                              self.transport_name)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
         if stripes == "auto":
             stripes = self._agree_on_stripes(prefix, timeout)
@@ -167,7 +174,7 @@ class Communicator:
         from the same records (stripe_choice). Verbs runs one stripe."""
         if self.transport_name != "udp":
             return 1
-        mine = stripe_choice.encode(*stripe_choice.this_process())
+        mine = stripe_choice.encode(stripe_choice.this_process())
         everyone = rendezvous.exchange(self.store, f"{prefix}/cores", self.rank, self.world_size, mine, timeout)
         return stripe_choice.agreed_stripes([stripe_choice.decode(record) for record in everyone])
 

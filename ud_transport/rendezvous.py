@@ -71,10 +71,11 @@ def exchange(store, prefix, rank, world_size, value, timeout_s):
     return [bytes(store.get(k)) for k in keys]
 
 
-def identity_record(world_size, library_version, wire_version, stripes=1):
+def identity_record(world_size, library_version, wire_version, stripes=1, transport="udp"):
     """What a rank publishes about the job it believes it is in; ranks must publish the same
-    (Options.stripes too, "auto" included: ranks must open as many sockets and split calls alike)."""
-    return f"{world_size}/ud_transport {library_version} wire {wire_version}" + (f" stripes {stripes}" if stripes != 1 else "")
+    (Options.stripes too, "auto" included, and the transport: ranks must open the same kind and
+    number of sockets and split calls alike)."""
+    return f"{world_size}/ud_transport {library_version} wire {wire_version} stripes {stripes} transport {transport}"
 
 
 def check_identity(store, prefix, rank, world_size, mine, timeout_s):
@@ -98,8 +99,9 @@ def check_identity(store, prefix, rank, world_size, mine, timeout_s):
                 seen.add(r)
                 theirs = bytes(store.get(keys[r])).decode()
                 if theirs != mine:
-                    raise TransportError(f"rank {rank}: rank {r} disagrees on the job: it has world_size/versions "
-                                         f"{theirs!r}, this rank {mine!r}")
+                    raise TransportError(f"rank {rank}: rank {r} disagrees on the job: it has {theirs!r}, this rank "
+                                         f"{mine!r} (world size/library and wire versions/stripes, UD_STRIPES, where "
+                                         "\"auto\" and a number differ/transport, UD_TRANSPORT: all must match)")
         if len(seen) == world_size:
             return
         if time.monotonic() >= deadline:

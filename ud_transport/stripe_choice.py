@@ -12,10 +12,17 @@ which CPUs they may run on. Every rank computes the same number from the same re
 """
 import os
 import socket
+from collections import namedtuple
 
 # The most stripes "auto" picks: 4 is the most measured; 8 threads per rank would each have too
 # little of a 64 MiB call to do (1 MiB per stripe is the floor of a striped call).
 AUTO_MAX_STRIPES = 4
+
+# What a rank publishes: its machine (boot id), the CPUs it may run on, its cgroup CPU quota in
+# CPUs (None: none) and the cgroup that sets it ("dev:inode", so ranks in one container share it
+# and ranks in two do not), and torchrun's LOCAL_WORLD_SIZE (0: unset), which counts the ranks of
+# every group on the machine where a communicator of a subgroup sees only its own.
+Record = namedtuple("Record", "machine cpus cpu_limit quota_owner local_ranks", defaults=(None, "", 0))
 
 
 def machine_key():
@@ -30,31 +37,43 @@ def machine_key():
 def cgroup_cpu_limit(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
     """The CPUs' worth of time cgroup quotas allow this process (the tightest along its path, v2's
     cpu.max or v1's cpu.cfs_quota_us), or None where no quota is set or none can be read."""
+    return cgroup_cpu_quota(proc_root, cgroup_root)[0]
+
+
+def cgroup_cpu_quota(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """(cgroup_cpu_limit, the "dev:inode" of the cgroup directory that sets it), or (None, "")."""
     try:
         with open(f"{proc_root}/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
-        return None
-    limits = []
+        return None, ""
+    found = []
     for fields in lines:
         if len(fields) != 3:
             continue
         _, controllers, path = fields
         if controllers == "":  # v2: one hierarchy
-            limits += _limits_along(path, [cgroup_root], _read_cpu_max)
+            found += _limits_along(path, [cgroup_root], _read_cpu_max)
         elif "cpu" in controllers.split(","):  # v1: mounted under its controllers' names, or as cpu
-            limits += _limits_along(path, [os.path.join(cgroup_root, controllers), os.path.join(cgroup_root, "cpu")],
-                                    _read_cfs_quota)
-    return min(limits) if limits else None
+            found += _limits_along(path, [os.path.join(cgroup_root, controllers), os.path.join(cgroup_root, "cpu")],
+                                   _read_cfs_quota)
+    if not found:
+        return None, ""
+    limit, directory = min(found)
+    try:
+        status = os.stat(directory)
+        return limit, f"{status.st_dev}:{status.st_ino}"
+    except OSError:
+        return limit, ""
 
 
 def _limits_along(path, roots, read):
-    """The quotas `read` finds in `path`'s directory and each above it, under the first root that
-    has any of them (a container sees its own cgroup as the root of the mount)."""
+    """(quota, directory) for each quota `read` finds in `path`'s directory and each above it,
+    under the first root that has any (a container sees its own cgroup as the mount's root)."""
     parts = [part for part in path.split("/") if part]
     for root in roots:
-        found = [limit for depth in range(len(parts), -1, -1)
-                 if (limit := read(os.path.join(root, *parts[:depth]))) is not None]
+        directories = [os.path.join(root, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+        found = [(limit, directory) for directory in directories if (limit := read(directory)) is not None]
         if found:
             return found
     return []
@@ -81,30 +100,59 @@ def _read_cfs_quota(directory):
 
 
 def this_process():
-    """(machine key, the CPUs this process may run on, its cgroup CPU limit or None)."""
-    return machine_key(), sorted(os.sched_getaffinity(0)), cgroup_cpu_limit()
+    """This process's Record."""
+    limit, owner = cgroup_cpu_quota()
+    try:
+        local_ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), 0)
+    except ValueError:
+        local_ranks = 0
+    return Record(machine_key(), sorted(os.sched_getaffinity(0)), limit, owner, local_ranks)
 
 
-def encode(machine, cpus, cpu_limit):
-    """One rank's record for the rendezvous: text, one line each."""
-    return "\n".join([machine, ",".join(map(str, cpus)), "" if cpu_limit is None else repr(float(cpu_limit))]).encode()
+def cpu_ranges(cpus):
+    """"0-15,32-47" for those CPUs: a record stays short on machines of hundreds of CPUs."""
+    runs, cpus = [], sorted(cpus)
+    for cpu in cpus:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
 
 
-def decode(record):
-    """(machine key, CPU list, CPU limit or None) of `encode`'s record."""
-    machine, cpus, cpu_limit = bytes(record).decode().split("\n")
-    return machine, [int(c) for c in cpus.split(",") if c], float(cpu_limit) if cpu_limit else None
+def parse_cpu_ranges(text):
+    cpus = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def encode(record):
+    """One rank's Record for the rendezvous: text, one field a line."""
+    record = Record(*record)
+    return "\n".join([record.machine, cpu_ranges(record.cpus), "" if record.cpu_limit is None else repr(float(record.cpu_limit)),
+                      record.quota_owner, str(record.local_ranks)]).encode()
+
+
+def decode(data):
+    """The Record of `encode`'s bytes."""
+    machine, cpus, cpu_limit, owner, local_ranks = bytes(data).decode().split("\n")
+    return Record(machine, parse_cpu_ranges(cpus), float(cpu_limit) if cpu_limit else None, owner, int(local_ranks))
 
 
 def fair_share(records, index):
-    """The cores rank `index` may call its own: those it may run on, but no more than its even
-    share of all its machine's ranks' CPUs (nor of its cgroup quota), and at least 1."""
-    machine, cpus, cpu_limit = records[index]
-    neighbours = [other for other in records if other[0] == machine]
-    every_cpu = set().union(*(set(other[1]) for other in neighbours))
-    share = min(len(cpus), len(every_cpu) // len(neighbours))
-    if cpu_limit is not None:  # as if its neighbours shared its quota (they may, in one container)
-        share = min(share, int(cpu_limit // len(neighbours)))
+    """The cores rank `index` may call its own: those it may run on, but no more than an even
+    share of its machine's CPUs among the ranks there (these records' or LOCAL_WORLD_SIZE's, the
+    more), nor of its cgroup quota among the ranks under the same quota; at least 1."""
+    mine = Record(*records[index])
+    neighbours = [Record(*other) for other in records if other[0] == mine.machine]
+    ranks_here = max(len(neighbours), *(other.local_ranks for other in neighbours))
+    every_cpu = set().union(*(set(other.cpus) for other in neighbours))
+    share = min(len(mine.cpus), len(every_cpu) // ranks_here)
+    if mine.cpu_limit is not None:
+        sharing = sum(1 for other in neighbours if other.quota_owner == mine.quota_owner)
+        share = min(share, int(mine.cpu_limit // sharing))
     return max(share, 1)
 
 
@@ -115,5 +163,4 @@ def agreed_stripes(records):
 
 def stripes_alone(ranks_here):
     """What "auto" picks when `ranks_here` ranks like this process share this machine (for `info`)."""
-    machine, cpus, cpu_limit = this_process()
-    return agreed_stripes([(machine, cpus, cpu_limit)] * ranks_here)
+    return agreed_stripes([this_process()._replace(local_ranks=0)] * ranks_here)
