@@ -90,3 +90,15 @@ def test_a_rank_of_another_version_is_named():
     shared.set("ud_transport/versions/identity/1", rendezvous.identity_record(2, ud_transport.__version__, 2))
     with pytest.raises(ud_transport.TransportError, match=r"rank 0: rank 1 disagrees on the job.*wire 2 .*all must match"):
         create(0, 2, shared, "versions")
+
+
+def test_a_rank_on_another_transport_is_named_at_once():
+    """A peer that chose verbs (an RDMA port where this rank has none, or UD_TRANSPORT set on it
+    alone) is named at the identity check, not after a store timeout at a later exchange."""
+    shared = store()
+    shared.set("ud_transport/transports/identity/1",
+               rendezvous.identity_record(2, ud_transport.__version__, ud_transport._native.WIRE_VERSION, "auto", "verbs"))
+    start = time.monotonic()
+    with pytest.raises(ud_transport.TransportError, match=r"rank 0: rank 1 disagrees on the job.*transport verbs'.*transport udp'"):
+        create(0, 2, shared, "transports")
+    assert time.monotonic() - start < TIMEOUT
