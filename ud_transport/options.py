@@ -97,7 +97,8 @@ class Options:
         keeps the engine's floor of 16 chunks, so above 12 stripes the parts together exceed
         the default 192 datagrams). More than 1 pays only where a rank has cores to spare: "auto"
         gives each rank one stripe per core of its fair share of its machine (the CPUs it may run
-        on, shared evenly with the other ranks on the same kernel, within its cgroup quota), the
+        on, shared evenly with the other ranks on the same kernel or LOCAL_WORLD_SIZE's, within
+        its cgroup quota shared with the ranks under it), the
         least over all ranks, at most 4 (``stripe_choice``; README, "Stripes"). 1 on the verbs
         transport. Every rank must set the same. "auto" or 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
