@@ -90,9 +90,18 @@ def _after_entering(seconds, action):
 
 
 def _pause_self(pause_s):
-    # The process cannot wake itself: a child sends SIGCONT after pause_s.
-    subprocess.Popen(["sh", "-c", f"sleep {pause_s}; kill -CONT {os.getpid()}"])
-    os.kill(os.getpid(), signal.SIGSTOP)
+    """A function that stops this process for `pause_s`. The process cannot wake itself: a child,
+    started now, sends SIGCONT pause_s after it is told to. Starting it when the pause is due
+    instead (fork and exec, 100 ms and more on a busy 2-core machine) let a short call end
+    before the stop, and the pause then missed the call it was meant for."""
+    waker = subprocess.Popen(["sh", "-c", f"read go && sleep {pause_s} && kill -CONT {os.getpid()}"], stdin=subprocess.PIPE)
+
+    def pause():
+        waker.stdin.write(b"go\n")
+        waker.stdin.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    return pause
 
 
 def allreduce_with_a_pause(comm, paused_rank, count, join_after_s, pause_after_s, pause_s, deadline):
@@ -102,7 +111,7 @@ def allreduce_with_a_pause(comm, paused_rank, count, join_after_s, pause_after_s
     tensor = filled(comm, count)
     if comm.rank == paused_rank:
         time.sleep(join_after_s)
-        _after_entering(pause_after_s, lambda: _pause_self(pause_s)).set()
+        _after_entering(pause_after_s, _pause_self(pause_s)).set()
     stats = comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
     return bool(np.all(tensor == rank_fill_sum(comm.world_size))), stats.delivered_fraction, stats.elapsed_s, stats.chunks_lost
 
@@ -128,7 +137,7 @@ def allreduce_outcome_with_a_pause(comm, paused_rank, count, join_after_s, pause
     entering = None
     if comm.rank == paused_rank:
         time.sleep(join_after_s)
-        entering = _after_entering(pause_after_s, lambda: _pause_self(pause_s))
+        entering = _after_entering(pause_after_s, _pause_self(pause_s))
     return allreduce_outcome(comm, count, deadline, entering)
 
 
@@ -138,6 +147,6 @@ def lossy_allreduce_with_a_pause(comm, paused_rank, count, pause_after_s, pause_
     injected loss dropped at this rank, elapsed, steps closed on the sender's answer)."""
     tensor = filled(comm, count)
     if comm.rank == paused_rank:
-        _after_entering(pause_after_s, lambda: _pause_self(pause_s)).set()
+        _after_entering(pause_after_s, _pause_self(pause_s)).set()
     stats = comm.allreduce(tensor, loss_budget=1.0, deadline=deadline)
     return True, stats.chunks_lost, stats.injected_drops, stats.elapsed_s, stats.steps_answered
