@@ -68,10 +68,7 @@ def gather(device=None):
 
 def ranks_here():
     """The ranks `info` assumes share this machine: torchrun's LOCAL_WORLD_SIZE, else 1."""
-    try:
-        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-    except ValueError:
-        return 1
+    return stripe_choice.local_world_size() or 1
 
 
 def stripes_here(settings):

@@ -12,7 +12,7 @@ which CPUs they may run on. Every rank computes the same number from the same re
 """
 import os
 import socket
-from collections import namedtuple
+from collections import Counter, namedtuple
 
 # The most stripes "auto" picks: 4 is the most measured; 8 threads per rank would each have too
 # little of a 64 MiB call to do (1 MiB per stripe is the floor of a striped call).
@@ -99,14 +99,18 @@ def _read_cfs_quota(directory):
         return None
 
 
+def local_world_size():
+    """torchrun's LOCAL_WORLD_SIZE, the processes it started on this machine; 0 if unset or not a number."""
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), 0)
+    except ValueError:
+        return 0
+
+
 def this_process():
     """This process's Record."""
     limit, owner = cgroup_cpu_quota()
-    try:
-        local_ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), 0)
-    except ValueError:
-        local_ranks = 0
-    return Record(machine_key(), sorted(os.sched_getaffinity(0)), limit, owner, local_ranks)
+    return Record(machine_key(), sorted(os.sched_getaffinity(0)), limit, owner, local_world_size())
 
 
 def cpu_ranges(cpus):
@@ -141,24 +145,26 @@ def decode(data):
     return Record(machine, parse_cpu_ranges(cpus), float(cpu_limit) if cpu_limit else None, owner, int(local_ranks))
 
 
-def fair_share(records, index):
-    """The cores rank `index` may call its own: those it may run on, but no more than an even
-    share of its machine's CPUs among the ranks there (these records' or LOCAL_WORLD_SIZE's, the
-    more), nor of its cgroup quota among the ranks under the same quota; at least 1."""
-    mine = Record(*records[index])
-    neighbours = [Record(*other) for other in records if other[0] == mine.machine]
-    ranks_here = max(len(neighbours), *(other.local_ranks for other in neighbours))
-    every_cpu = set().union(*(set(other.cpus) for other in neighbours))
-    share = min(len(mine.cpus), len(every_cpu) // ranks_here)
-    if mine.cpu_limit is not None:
-        sharing = sum(1 for other in neighbours if other.quota_owner == mine.quota_owner)
-        share = min(share, int(mine.cpu_limit // sharing))
-    return max(share, 1)
-
-
 def agreed_stripes(records):
-    """The stripes every rank runs: the least fair share, 1 to AUTO_MAX_STRIPES."""
-    return max(1, min(AUTO_MAX_STRIPES, *(fair_share(records, index) for index in range(len(records)))))
+    """The stripes every rank runs: the least of the ranks' fair shares, 1 to AUTO_MAX_STRIPES.
+
+    A rank's share is the CPUs it may run on, but no more than an even share of its machine's CPUs
+    among the ranks there (these records' or LOCAL_WORLD_SIZE's, the more), nor of its cgroup
+    quota among the ranks under the same quota."""
+    machines = {}
+    for record in (Record(*record) for record in records):
+        machines.setdefault(record.machine, []).append(record)
+    shares = []
+    for neighbours in machines.values():
+        ranks_here = max(len(neighbours), *(other.local_ranks for other in neighbours))
+        even_share = len(set().union(*(other.cpus for other in neighbours))) // ranks_here
+        under_quota = Counter(other.quota_owner for other in neighbours)
+        for mine in neighbours:
+            share = min(len(mine.cpus), even_share)
+            if mine.cpu_limit is not None:
+                share = min(share, int(mine.cpu_limit // under_quota[mine.quota_owner]))
+            shares.append(share)
+    return max(1, min(AUTO_MAX_STRIPES, *shares))
 
 
 def stripes_alone(ranks_here):
