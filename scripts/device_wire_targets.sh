@@ -6,6 +6,7 @@
 #   here:   bash scripts/device_wire_targets.sh --download        # apt-get download into .netdebs/ (ignored)
 #   test:   NETDEBS_ROOT=/tmp/netdebs PATH=... bash scripts/device_wire_targets.sh --tools
 #   there:  bash scripts/device_wire_targets.sh --run [wire_targets.py arguments]
+#           bash scripts/device_wire_targets.sh --ddp [ddp_step_time.py arguments]   # DDP steps, loopback
 #           run(command="bash scripts/device_wire_targets.sh --run", carry=[".netdebs"], timeout_s=600)
 #
 # --run unpacks the packages into $NETDEBS_ROOT (default /opt/netdebs) unless `ip` and `nft` are
@@ -69,12 +70,16 @@ tools() {
     trap - EXIT
 }
 
-run() {
-    tools
+build() {
     echo "$(nproc) cores, kernel $(uname -r), $(python3 -V)"
     python3 -c "import torch, torch.distributed as d; print('torch', torch.__version__, 'gloo', d.is_gloo_available())"
     UD_BUILD_VERBS=0 python3 setup.py -q build_ext --inplace -j "$(nproc)" >/dev/null
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+run() {
+    tools
+    build
     local arguments=("$@")
     if [ ${#arguments[@]} -eq 0 ]; then
         arguments=(--only loopback,veth1500,bridge4,bridge8 --iterations 100 --rounds 1 --stripes 1,auto)
@@ -86,9 +91,26 @@ run() {
     python3 scripts/wire_targets.py "${arguments[@]}" 2>&1 | tee ${log:+"$log"}
 }
 
+# DDP steps on loopback (no iproute2 or nftables needed): Gloo against "ud" at 1 stripe and at
+# "auto", with the model's torch threads on the same cores (CPUs / ranks each), 2 and 4 ranks.
+ddp() {
+    build
+    local log=${OUT:+$OUT/ddp_step_time.log}
+    {
+        if [ $# -gt 0 ]; then
+            python3 scripts/ddp_step_time.py "$@"
+        else
+            for ranks in 2 4; do
+                python3 scripts/ddp_step_time.py --ranks "$ranks" --stripes 1,auto --steps 100
+            done
+        fi
+    } 2>&1 | tee ${log:+"$log"}
+}
+
 case "${1:-}" in
     --download) download ;;
     --tools) tools ;;
     --run) shift; run "$@" ;;
-    *) sed -n '2,15p' "$SCRIPT"; exit 2 ;;
+    --ddp) shift; ddp "$@" ;;
+    *) sed -n '2,18p' "$SCRIPT"; exit 2 ;;
 esac

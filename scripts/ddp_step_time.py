@@ -1,0 +1,161 @@
+"""Time a DistributedDataParallel training step on the "ud" backend against Gloo, and what the
+step costs over the same step with no communication at all.
+
+DDP all-reduces each gradient bucket while backward still runs, so a step's time is the compute
+plus whatever communication it could not hide. On the "ud" backend a call runs on the group's
+worker thread and, with stripes, on that many engine threads: on a machine whose cores the
+model's own threads already use, they compete. This measures the step, not the call.
+
+Every arm lives in the same processes and takes turns step by step (machines are noisy): a plain
+model with no communication ("compute"), DDP on Gloo (the default process group), and DDP on one
+"ud" group per stripe count asked for. Every arm starts from the same parameters and sees the same
+batches. A step's time is its slowest rank's (a store barrier lines the ranks up before it).
+
+    python3 scripts/ddp_step_time.py                              # 2 ranks, loopback
+    python3 scripts/ddp_step_time.py --stripes 1,auto --threads 4 --steps 100
+    python3 scripts/ddp_step_time.py --hosts veth --mtu 1500      # each rank in a namespace (root)
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
+
+
+def build_model(config):
+    import torch
+
+    torch.manual_seed(config["seed"])
+    layers = []
+    for _ in range(config["layers"]):
+        layers += [torch.nn.Linear(config["width"], config["width"]), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(config["width"], 1))
+
+
+def barrier(store, rank, world_size, name):
+    store.add(name, 1)
+    while int(store.add(name, 0)) < world_size:
+        time.sleep(0.0002)
+
+
+def arms_on_rank(comm, config):
+    """On every rank: the arms' models, each with its optimizer; name -> (model, optimizer, stripes)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ud_transport.torch as udt
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("ddp-gloo", comm.store), rank=comm.rank,
+                            world_size=comm.world_size)
+    arms = {}
+    for name in config["arms"]:
+        model = build_model(config)
+        stripes = None
+        if name == "gloo":
+            model = DDP(model, process_group=None)
+        elif name.startswith("ud-"):
+            group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(
+                communicator={"stripes": name.removeprefix("ud-") if name == "ud-auto" else int(name.removeprefix("ud-"))}))
+            stripes = group.communicator.stripes
+            model = DDP(model, process_group=group)
+        arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), stripes)
+    return arms
+
+
+def steps(comm, config):
+    """On every rank: warm-up and timed steps of every arm in turn; per arm, seconds per step."""
+    import torch
+
+    torch.set_num_threads(config["threads"])
+    arms = arms_on_rank(comm, config)
+    generator = torch.Generator().manual_seed(config["seed"] * 1000 + comm.rank)
+    times = {name: [] for name in arms}
+    for step in range(config["warmup"] + config["steps"]):
+        batch = torch.randn(config["batch"], config["width"], generator=generator)
+        target = torch.randn(config["batch"], 1, generator=generator)
+        for name, (model, optimizer, _) in arms.items():
+            barrier(comm.store, comm.rank, comm.world_size, f"ddp/{step}/{name}")
+            start = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(model(batch), target)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            if step >= config["warmup"]:
+                times[name].append(time.perf_counter() - start)
+    parameters = {name: torch.nn.utils.parameters_to_vector(model.parameters()).detach() for name, (model, _, _) in arms.items()}
+    reference = parameters.get("gloo")
+    drift = {name: (float((p - reference).abs().max()) if reference is not None else float("nan")) for name, p in parameters.items()}
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return dict(times=times, stripes={name: arm[2] for name, arm in arms.items()}, drift=drift)
+
+
+def report(per_rank, config, where):
+    names = list(per_rank[0]["times"])
+    slowest = {name: np.max(np.array([rank["times"][name] for rank in per_rank]), axis=0) for name in names}
+    compute_p50 = np.percentile(slowest["compute"], 50) if "compute" in slowest else float("nan")
+    gloo = slowest.get("gloo")
+    parameters = config["layers"] * (config["width"] ** 2 + config["width"]) + config["width"] + 1
+    print(f"# DDP step, {config['ranks']} ranks, {where}: MLP {config['layers']}x{config['width']} "
+          f"({parameters / 1e6:.1f} M parameters, {parameters * 4 / 2**20:.0f} MiB of gradients), batch {config['batch']}, "
+          f"{config['threads']} torch thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs; "
+          f"{config['steps']} steps (+{config['warmup']} warm-up), arms taking turns; time per step = slowest rank")
+    print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | max parameter difference from Gloo |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        p50, p99 = np.percentile(slowest[name], 50), np.percentile(slowest[name], 99)
+        ratio = (f"{p50 / np.percentile(gloo, 50):.2f}x, {p99 / np.percentile(gloo, 99):.2f}x"
+                 if gloo is not None and name != "gloo" else "")
+        stripes = per_rank[0]["stripes"][name]
+        drift = max(rank["drift"][name] for rank in per_rank)
+        print(f"| {name} | {stripes if stripes is not None else ''} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | "
+              f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--stripes", default="1,auto", help="comma-separated stripe counts of the ud arms")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: CPUs / ranks)")
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
+    parser.add_argument("--mtu", type=int, default=1500)
+    args = parser.parse_args()
+    config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
+                  arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()])
+    port = free_tcp_port()
+    hosts, where = None, "loopback"
+    if args.hosts == "veth":
+        reason = unavailable_reason()
+        if reason:
+            print(f"# ddp_step_time --hosts veth: skipped: {reason}")
+            return 0
+        hosts = Hosts(args.ranks, mtu=args.mtu, switch=args.ranks > 2, exempt_tcp_port=port)
+        hosts.__enter__()
+        where = hosts.describe()
+    try:
+        with LocalCluster(args.ranks, store_port=port, hosts=hosts, stripes=1) as cluster:
+            per_rank = cluster.run(steps, config, timeout_s=3600)
+    finally:
+        if hosts:
+            hosts.close()
+    report(per_rank, config, where)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
