@@ -452,7 +452,6 @@ static int send_some(struct call *c)
 
 enum admission {
     ADMIT = 0,
-    DROP_FOREIGN,
     DROP_INVALID,
     DROP_STALE,
     DROP_CLOSED, /* a well-formed chunk of this call for a step we closed */
@@ -794,7 +793,6 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
     switch (admit_data(c, &h, item->bytes, peer)) {
     case ADMIT:
         break;
-    case DROP_FOREIGN: st->dropped_foreign++; return;
     case DROP_INVALID: st->dropped_invalid++; return;
     case DROP_STALE: st->dropped_stale++; return;
     case DROP_CLOSED:
