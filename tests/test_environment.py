@@ -85,3 +85,28 @@ def test_each_backend_variable_sets_its_field(monkeypatch):
     built = cls.from_environment()
     for field, text in values.items():
         assert as_text(getattr(built, field)) == text, field
+
+
+def test_an_empty_variable_is_as_if_unset(monkeypatch):
+    # `UD_WINDOW_BYTES= python ...` in a shell: the default, not "invalid literal for int()"
+    for name in environment.fields_of("option").values():
+        monkeypatch.setenv(name, "")
+    assert options_module.build() == options_module.Options().validate()
+    monkeypatch.setenv("UD_LOSS_BUDGET", " ")
+    monkeypatch.setenv("UD_ON_BUDGET_MISS", "")
+    assert backend_options().from_environment() == backend_options()().validate()
+
+
+@pytest.mark.parametrize("name, text, expected", [("UD_WINDOW_BYTES", "8M", "UD_WINDOW_BYTES must be an integer, got '8M'"),
+                                                  ("UD_DEADLINE_CAP", "soon", "UD_DEADLINE_CAP must be a number, got 'soon'"),
+                                                  ("UD_STRIPES", "many", "UD_STRIPES must be \"auto\" or an integer")])
+def test_a_malformed_value_names_its_variable(monkeypatch, name, text, expected):
+    monkeypatch.setenv(name, text)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        options_module.build()
+
+
+def test_a_malformed_loss_budget_names_its_variable_for_the_backend_too(monkeypatch):
+    monkeypatch.setenv("UD_LOSS_BUDGET", "ten percent")
+    with pytest.raises(ValueError, match=re.escape("UD_LOSS_BUDGET must be a number, got 'ten percent'")):
+        backend_options().from_environment()

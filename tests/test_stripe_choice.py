@@ -121,10 +121,12 @@ def test_the_option_and_its_variable_take_auto_or_a_count(monkeypatch):
     assert options_module.build().stripes == "auto"
     monkeypatch.setenv("UD_STRIPES", "3")
     assert options_module.build().stripes == 3
-    for wrong in ("many", "2.0", ""):
+    for wrong in ("many", "2.0"):
         monkeypatch.setenv("UD_STRIPES", wrong)
         with pytest.raises(ValueError, match="UD_STRIPES must be \"auto\" or an integer"):
             options_module.build()
+    monkeypatch.setenv("UD_STRIPES", "")  # empty is as if unset, as for every variable
+    assert options_module.build().stripes == "auto"
     monkeypatch.delenv("UD_STRIPES")
     with pytest.raises(ValueError, match="stripes must be \"auto\" or an integer"):
         options_module.Options(stripes="Auto").validate()

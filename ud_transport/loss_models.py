@@ -144,4 +144,4 @@ def from_string(text, seed=0):
 
 def from_environment():
     text = environment.read("UD_INJECT", "")
-    return from_string(text, seed=int(environment.read("UD_INJECT_SEED", "0"))) if text else None
+    return from_string(text, seed=int(environment.read("UD_INJECT_SEED", "0") or 0)) if text else None

@@ -247,6 +247,22 @@ def parse_stripes(text):
         raise ValueError(f"UD_STRIPES must be \"auto\" or an integer from 1 to {_native.MAX_STRIPES}, got {text!r}") from None
 
 
+def from_text(name, variable, text):
+    """The value `variable` spells for option `name`; None (as if unset) when it is empty, as a
+    shell's `UD_WINDOW_BYTES= python ...` sets it. A value of the wrong kind names the variable."""
+    if not text.strip():
+        return None
+    if name == "stripes":
+        return parse_stripes(text)
+    kind = type(getattr(Options, name))
+    if kind is str:
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{variable} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
 def build(**overrides):
     """Options from the environment, then `overrides` (unknown names are an error)."""
     known = {f.name: f for f in fields(Options)}
@@ -256,7 +272,8 @@ def build(**overrides):
     values = {}
     for name, variable in ENVIRONMENT.items():
         if variable in os.environ:
-            text = environment.read(variable)
-            values[name] = parse_stripes(text) if name == "stripes" else type(getattr(Options, name))(text)
+            value = from_text(name, variable, environment.read(variable))
+            if value is not None:
+                values[name] = value
     values.update({k: v for k, v in overrides.items() if v is not None})
     return replace(Options(), **values).validate()

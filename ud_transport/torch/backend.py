@@ -88,8 +88,14 @@ class BackendOptions:
         for name, variable in ENVIRONMENT.items():
             if variable in os.environ:
                 raw = environment.read(variable)
-                values[name] = (float(raw) if name == "loss_budget"
-                                else tuple(k for k in raw.replace(" ", "").split(",") if k) if name == "lossy" else raw)
+                if name == "lossy":  # empty is meaningful here: no collective is lossy
+                    values[name] = tuple(k for k in raw.replace(" ", "").split(",") if k)
+                elif not raw.strip():
+                    continue  # an empty choice or number is as if unset, as for the communicator's options
+                elif name == "loss_budget":
+                    values[name] = options_module.from_text("default_loss_budget", variable, raw)
+                else:
+                    values[name] = raw
         values.update(overrides)
         return cls(**values).validate()
 
