@@ -14,6 +14,11 @@ batches. A step's time is its slowest rank's (a store barrier lines the ranks up
     python3 scripts/ddp_step_time.py                              # 2 ranks, loopback
     python3 scripts/ddp_step_time.py --stripes 1,auto --threads 4 --steps 100
     python3 scripts/ddp_step_time.py --hosts veth --mtu 1500      # each rank in a namespace (root)
+    python3 scripts/ddp_step_time.py --hosts veth --kernel-loss 0.01   # 1% of UDP and TCP packets dropped
+
+With --kernel-loss, nftables drops that share of every UDP and TCP packet (the store's port
+excepted), so Gloo's TCP retransmits and "ud" estimates; the "ud" arms then end on parameters
+near Gloo's rather than equal, and "delivered" is the mean share of the gradients that arrived.
 """
 import argparse
 import os
@@ -26,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.kernel_loss import LossyNamespace  # noqa: E402
 from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
 
 
@@ -46,7 +52,7 @@ def barrier(store, rank, world_size, name):
 
 
 def arms_on_rank(comm, config):
-    """On every rank: the arms' models, each with its optimizer; name -> (model, optimizer, stripes)."""
+    """On every rank: the arms' models; name -> (model, optimizer, stripes, the "ud" group or None)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,7 +72,7 @@ def arms_on_rank(comm, config):
                 communicator={"stripes": name.removeprefix("ud-") if name == "ud-auto" else int(name.removeprefix("ud-"))}))
             stripes = group.communicator.stripes
             model = DDP(model, process_group=group)
-        arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), stripes)
+        arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), stripes, group if name.startswith("ud-") else None)
     return arms
 
 
@@ -81,7 +87,7 @@ def steps(comm, config):
     for step in range(config["warmup"] + config["steps"]):
         batch = torch.randn(config["batch"], config["width"], generator=generator)
         target = torch.randn(config["batch"], 1, generator=generator)
-        for name, (model, optimizer, _) in arms.items():
+        for name, (model, optimizer, _, _) in arms.items():
             barrier(comm.store, comm.rank, comm.world_size, f"ddp/{step}/{name}")
             start = time.perf_counter()
             loss = torch.nn.functional.mse_loss(model(batch), target)
@@ -90,13 +96,18 @@ def steps(comm, config):
             optimizer.zero_grad(set_to_none=False)
             if step >= config["warmup"]:
                 times[name].append(time.perf_counter() - start)
-    parameters = {name: torch.nn.utils.parameters_to_vector(model.parameters()).detach() for name, (model, _, _) in arms.items()}
+    parameters = {name: torch.nn.utils.parameters_to_vector(arm[0].parameters()).detach() for name, arm in arms.items()}
     reference = parameters.get("gloo")
     drift = {name: (float((p - reference).abs().max()) if reference is not None else float("nan")) for name, p in parameters.items()}
+    delivered = {}
+    for name, arm in arms.items():
+        if arm[3] is not None:
+            counts = arm[3].counters.to_dict()
+            delivered[name] = min(counts["mean_reduce_fraction"], counts["mean_gather_fraction"])
     import torch.distributed as dist
 
     dist.destroy_process_group()
-    return dict(times=times, stripes={name: arm[2] for name, arm in arms.items()}, drift=drift)
+    return dict(times=times, stripes={name: arm[2] for name, arm in arms.items()}, drift=drift, delivered=delivered)
 
 
 def report(per_rank, config, where):
@@ -109,16 +120,18 @@ def report(per_rank, config, where):
           f"({parameters / 1e6:.1f} M parameters, {parameters * 4 / 2**20:.0f} MiB of gradients), batch {config['batch']}, "
           f"{config['threads']} torch thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs; "
           f"{config['steps']} steps (+{config['warmup']} warm-up), arms taking turns; time per step = slowest rank")
-    print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | max parameter difference from Gloo |")
-    print("|---|---|---|---|---|---|")
+    print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | delivered | max parameter difference from Gloo |")
+    print("|---|---|---|---|---|---|---|")
     for name in names:
         p50, p99 = np.percentile(slowest[name], 50), np.percentile(slowest[name], 99)
         ratio = (f"{p50 / np.percentile(gloo, 50):.2f}x, {p99 / np.percentile(gloo, 99):.2f}x"
                  if gloo is not None and name != "gloo" else "")
         stripes = per_rank[0]["stripes"][name]
         drift = max(rank["drift"][name] for rank in per_rank)
+        delivered = (f"{min(rank['delivered'][name] for rank in per_rank):.4f}" if name in per_rank[0]["delivered"]
+                     else "1 (reliable)" if name == "gloo" else "")
         print(f"| {name} | {stripes if stripes is not None else ''} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | "
-              f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} |")
+              f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {delivered} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} |")
 
 
 def main():
@@ -134,25 +147,34 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     args = parser.parse_args()
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
                   arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()])
     port = free_tcp_port()
-    hosts, where = None, "loopback"
-    if args.hosts == "veth":
+    hosts = namespace = None
+    where = "loopback" + (f", {args.kernel_loss:.2%} of UDP and TCP packets dropped" if args.kernel_loss else "")
+    if args.hosts == "veth" or args.kernel_loss:
         reason = unavailable_reason()
         if reason:
-            print(f"# ddp_step_time --hosts veth: skipped: {reason}")
+            print(f"# ddp_step_time {'--hosts veth' if args.hosts == 'veth' else '--kernel-loss'}: skipped: {reason}")
             return 0
-        hosts = Hosts(args.ranks, mtu=args.mtu, switch=args.ranks > 2, exempt_tcp_port=port)
+    if args.hosts == "veth":
+        hosts = Hosts(args.ranks, mtu=args.mtu, switch=args.ranks > 2 or args.kernel_loss > 0, udp_loss=args.kernel_loss,
+                      tcp_loss=args.kernel_loss, exempt_tcp_port=port)
         hosts.__enter__()
         where = hosts.describe()
+    elif args.kernel_loss:
+        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
+        namespace.__enter__()
     try:
-        with LocalCluster(args.ranks, store_port=port, hosts=hosts, stripes=1) as cluster:
+        with LocalCluster(args.ranks, store_port=port, hosts=hosts, netns=namespace.name if namespace else None,
+                          stripes=1) as cluster:
             per_rank = cluster.run(steps, config, timeout_s=3600)
     finally:
-        if hosts:
-            hosts.close()
+        for made in (hosts, namespace):
+            if made:
+                made.close()
     report(per_rank, config, where)
     return 0
 

@@ -22,4 +22,5 @@ def test_every_arm_runs_and_ud_ends_where_gloo_does():
     for arm in ("ud-1", "ud-2"):
         assert rows[arm][-1] == "0.0e+00", rows[arm]  # the largest parameter difference from DDP on Gloo
         assert re.fullmatch(r"\d+\.\d+x, \d+\.\d+x", rows[arm][3]), rows[arm]
+        assert rows[arm][4] == "1.0000", rows[arm]  # the least share of gradients delivered, over ranks
     assert "0.1 M parameters" in result.stdout
