@@ -1,5 +1,5 @@
 """Time a DistributedDataParallel training step on the "ud" backend against Gloo, and what the
-step costs over the same step with no communication at all.
+step costs over the same step with no communication at all (with --fsdp, FSDP2 steps too).
 
 DDP all-reduces each gradient bucket while backward still runs, so a step's time is the compute
 plus whatever communication it could not hide. On the "ud" backend a call runs on the group's
@@ -15,10 +15,13 @@ batches. A step's time is its slowest rank's (a store barrier lines the ranks up
     python3 scripts/ddp_step_time.py --stripes 1,auto --threads 4 --steps 100
     python3 scripts/ddp_step_time.py --hosts veth --mtu 1500      # each rank in a namespace (root)
     python3 scripts/ddp_step_time.py --hosts veth --kernel-loss 0.01   # 1% of UDP and TCP packets dropped
+    python3 scripts/ddp_step_time.py --fsdp      # also FSDP2 (fully_shard per layer) on Gloo and on "ud"
 
 With --kernel-loss, nftables drops that share of every UDP and TCP packet (the store's port
 excepted), so Gloo's TCP retransmits and "ud" estimates; the "ud" arms then end on parameters
 near Gloo's rather than equal, and "delivered" is the mean share of the gradients that arrived.
+FSDP2 gathers parameters with all-gathers, which the "ud" backend makes exact (ud_transport.exact):
+under loss those are what its FSDP arm pays for.
 """
 import argparse
 import os
@@ -65,6 +68,9 @@ def arms_on_rank(comm, config):
     for name in config["arms"]:
         model = build_model(config)
         stripes = None
+        if name.startswith("fsdp-"):
+            arms[name] = fully_sharded(model, name, torch, dist, udt)
+            continue
         if name == "gloo":
             model = DDP(model, process_group=None)
         elif name.startswith("ud-"):
@@ -74,6 +80,21 @@ def arms_on_rank(comm, config):
             model = DDP(model, process_group=group)
         arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), stripes, group if name.startswith("ud-") else None)
     return arms
+
+
+def fully_sharded(model, name, torch, dist, udt):
+    """FSDP2 over Gloo (the default group) or over a "ud" group of one stripe: each Linear layer
+    sharded, then the whole model."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    group = None if name == "fsdp-gloo" else dist.new_group(backend="ud", pg_options=udt.BackendOptions(communicator={"stripes": 1}))
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3), group.communicator.stripes if group else None, group
 
 
 def steps(comm, config):
@@ -96,7 +117,8 @@ def steps(comm, config):
             optimizer.zero_grad(set_to_none=False)
             if step >= config["warmup"]:
                 times[name].append(time.perf_counter() - start)
-    parameters = {name: torch.nn.utils.parameters_to_vector(arm[0].parameters()).detach() for name, arm in arms.items()}
+    parameters = {name: torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
+                                   for p in arm[0].parameters()]) for name, arm in arms.items()}  # FSDP's are sharded
     reference = parameters.get("gloo")
     drift = {name: (float((p - reference).abs().max()) if reference is not None else float("nan")) for name, p in parameters.items()}
     delivered = {}
@@ -116,16 +138,18 @@ def report(per_rank, config, where):
     compute_p50 = np.percentile(slowest["compute"], 50) if "compute" in slowest else float("nan")
     gloo = slowest.get("gloo")
     parameters = config["layers"] * (config["width"] ** 2 + config["width"]) + config["width"] + 1
-    print(f"# DDP step, {config['ranks']} ranks, {where}: MLP {config['layers']}x{config['width']} "
-          f"({parameters / 1e6:.1f} M parameters, {parameters * 4 / 2**20:.0f} MiB of gradients), batch {config['batch']}, "
+    print(f"# training step, {config['ranks']} ranks, {where}: MLP {config['layers']}x{config['width']} "
+          f"({parameters / 1e6:.1f} M parameters, {parameters * 4 / 2**20:.1f} MiB of gradients), batch {config['batch']}, "
           f"{config['threads']} torch thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs; "
-          f"{config['steps']} steps (+{config['warmup']} warm-up), arms taking turns; time per step = slowest rank")
+          f"{config['steps']} steps (+{config['warmup']} warm-up), arms taking turns; time per step = slowest rank"
+          + ("; fsdp-ud's ratios are to fsdp-gloo" if "fsdp-ud" in names else ""))
     print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | delivered | max parameter difference from Gloo |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
         p50, p99 = np.percentile(slowest[name], 50), np.percentile(slowest[name], 99)
-        ratio = (f"{p50 / np.percentile(gloo, 50):.2f}x, {p99 / np.percentile(gloo, 99):.2f}x"
-                 if gloo is not None and name != "gloo" else "")
+        peer = slowest.get("fsdp-gloo") if name == "fsdp-ud" else gloo  # FSDP on "ud" against FSDP on Gloo
+        ratio = (f"{p50 / np.percentile(peer, 50):.2f}x, {p99 / np.percentile(peer, 99):.2f}x"
+                 if peer is not None and name not in ("gloo", "fsdp-gloo") else "")
         stripes = per_rank[0]["stripes"][name]
         drift = max(rank["drift"][name] for rank in per_rank)
         delivered = (f"{min(rank['delivered'][name] for rank in per_rank):.4f}" if name in per_rank[0]["delivered"]
@@ -148,9 +172,11 @@ def main():
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
+    parser.add_argument("--fsdp", action="store_true", help="add FSDP2 arms on Gloo and on \"ud\" (1 stripe)")
     args = parser.parse_args()
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
-                  arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()])
+                  arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()]
+                  + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []))
     port = free_tcp_port()
     hosts = namespace = None
     where = "loopback" + (f", {args.kernel_loss:.2%} of UDP and TCP packets dropped" if args.kernel_loss else "")

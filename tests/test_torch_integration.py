@@ -151,6 +151,23 @@ def test_exact_collectives_are_exact_under_loss(loss):
         assert torch.equal(out["allreduce_sum"], per_rank[0]["allreduce_sum"])
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_an_exact_all_gather_of_many_chunks_repairs_what_its_first_call_lost(world):
+    # 10% loss on 1000 chunks per shard: the first call is never complete; the repairs carry only
+    # what some rank lacked (every rank gets a chunk any rank lacks: at 4 ranks about a quarter of
+    # the first call's chunks, at 2 about a tenth) and end exact
+    cluster = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=11))
+    count = 16000 // world
+    per_rank = cluster.run(torch_tasks.exact_gather_repaired, count)
+    expected = torch.cat([torch.arange(count, dtype=torch.float32) * (r + 1) for r in range(world)])
+    for gathered, chunks in per_rank:
+        assert torch.equal(gathered, expected)
+        assert chunks == per_rank[0][1]  # every rank made the same calls
+        first, repairs = chunks[0], chunks[1:]
+        assert first == (world - 1) * count // 16 and repairs, chunks  # chunks_total: those a rank receives
+        assert sum(repairs) < first / 2, chunks
+
+
 def test_exact_gives_up_cleanly_after_its_attempts():
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=9))
     outcomes = cluster.run(torch_tasks.exact_gives_up_cleanly, 20000)

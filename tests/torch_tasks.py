@@ -199,6 +199,14 @@ def exact_under_loss(comm, count):
     return out
 
 
+def exact_gather_repaired(comm, count):
+    """One exact all_gather of many chunks under the cluster's loss: what it gathered and the
+    chunks each call it made carried (the first call, then the repairs)."""
+    gathered = torch.empty(comm.world_size * count, dtype=torch.float32)
+    stats = exact.all_gather(comm, torch.arange(count, dtype=torch.float32) * (comm.rank + 1), gathered)
+    return gathered, [s.chunks_total for s in stats]
+
+
 def exact_gives_up_cleanly(comm, count):
     """One attempt only under heavy loss: must raise and leave the tensor."""
     t = torch.arange(count, dtype=torch.float32) + comm.rank
