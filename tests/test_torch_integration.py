@@ -170,9 +170,24 @@ def test_an_exact_all_gather_of_many_chunks_repairs_what_its_first_call_lost(wor
         assert sum(repairs) < first / 2, chunks
 
 
-def test_exact_gives_up_cleanly_after_its_attempts():
+@pytest.mark.parametrize("world, src", [(2, 1), (4, 2)])
+def test_an_exact_broadcast_of_many_chunks_repairs_what_its_first_call_lost(world, src):
+    # the root sends again, packed, only the chunks some rank lacks after the first call
+    cluster = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.1, seed=13))
+    count = 16000
+    per_rank = cluster.run(torch_tasks.exact_broadcast_repaired, count, src)
+    for tensor, chunks in per_rank:
+        assert torch.equal(tensor, torch.arange(count, dtype=torch.float32) * (src + 1))
+        assert len(chunks) >= 2 and len(chunks) == len(per_rank[0][1]), chunks  # incomplete at first, then repaired
+    received = [chunks for rank, (_, chunks) in enumerate(per_rank) if rank != src]
+    for chunks in received:
+        assert sum(chunks[1:]) < chunks[0] / 2, chunks
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_exact_gives_up_cleanly_after_its_attempts(attempts):
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=9))
-    outcomes = cluster.run(torch_tasks.exact_gives_up_cleanly, 20000)
+    outcomes = cluster.run(torch_tasks.exact_gives_up_cleanly, 20000, attempts)
     assert {name for name, _ in outcomes} == {"LossBudgetExceeded"}
     assert all(unchanged for _, unchanged in outcomes)
 

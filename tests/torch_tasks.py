@@ -207,12 +207,21 @@ def exact_gather_repaired(comm, count):
     return gathered, [s.chunks_total for s in stats]
 
 
-def exact_gives_up_cleanly(comm, count):
-    """One attempt only under heavy loss: must raise and leave the tensor."""
+def exact_broadcast_repaired(comm, count, src):
+    """One exact broadcast of many chunks from `src` under the cluster's loss: what every rank
+    holds after it and the chunks each call it made carried."""
+    tensor = torch.arange(count, dtype=torch.float32) * (comm.rank + 1)
+    stats = exact.broadcast(comm, tensor, src)
+    return tensor, [s.chunks_total for s in stats]
+
+
+def exact_gives_up_cleanly(comm, count, attempts=1):
+    """Few attempts under heavy loss: must raise and leave the tensor (with 2, the first call and
+    one round of repair, which gives up partway)."""
     t = torch.arange(count, dtype=torch.float32) + comm.rank
     before = t.clone()
     try:
-        exact.broadcast(comm, t, 0, attempts=1)
+        exact.broadcast(comm, t, 0, attempts=attempts)
         return "ok", torch.equal(t, before) or torch.equal(t, torch.arange(count, dtype=torch.float32))
     except ud_transport.LossBudgetExceeded:
         return "LossBudgetExceeded", torch.equal(t, before)

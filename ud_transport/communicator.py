@@ -310,16 +310,17 @@ class Communicator:
 
         Parameters
         ----------
-        collective : {"reduce_scatter", "all_gather"}
+        collective : {"reduce_scatter", "all_gather", "broadcast"}
         tensor : numpy.ndarray or torch.Tensor
-            The full tensor of the call (reduce_scatter's input, all_gather's output).
+            The full tensor of the call (reduce_scatter's input, all_gather's output, broadcast's tensor).
         algorithm : {"ring", "direct", "auto"}, optional
             The call's algorithm (None: the default, as the call resolves it).
 
         Returns
         -------
         numpy.ndarray of uint8
-            reduce_scatter: (world_size, chunks of this rank's shard); all_gather: (chunks of the tensor,).
+            reduce_scatter: (world_size, chunks of this rank's shard); all_gather and broadcast:
+            (chunks of the tensor,).
 
         Raises
         ------
@@ -333,7 +334,8 @@ class Communicator:
         """
         import numpy as np
 
-        codes = {"reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER, "all_gather": _native.COLLECTIVE_ALL_GATHER}
+        codes = {"reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER, "all_gather": _native.COLLECTIVE_ALL_GATHER,
+                 "broadcast": _native.COLLECTIVE_BROADCAST}
         if collective not in codes:
             raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
         view = view_of(tensor)
@@ -448,7 +450,7 @@ class Communicator:
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
 
     @_documented
-    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, copies=None):
+    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None):
         """Copy rank `src`'s tensor into every rank's, in place.
 
         Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
@@ -459,6 +461,9 @@ class Communicator:
             The same size and dtype on every rank.
         src : int, default 0
             The rank whose values are sent.
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("broadcast", tensor)``: on success, 1 for every chunk of `tensor`
+            that took `src`'s value in this call (as for all_gather).
         {call_parameters}
 
         {call_raises}
@@ -471,7 +476,7 @@ class Communicator:
             raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm, copies=copies)
+                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
 
     def agree(self, value, *, deadline=None):
         """The largest `value` over all ranks, the same on every rank.

@@ -1,22 +1,23 @@
 """Exact collectives on a lossy communicator, for the traffic that must not
 lose anything (parameters at start, control, a periodic re-alignment).
 
-No datagram is retransmitted; the *call* is repeated. A broadcast or an
-all-gather keeps stale values where chunks do not arrive, so repeating it
-fills the holes that are left: after k attempts a chunk is missing with
-probability ~p^k. The engine reports only whether each attempt was complete,
-not which chunks earlier attempts filled, so completeness across attempts is
-checked by comparing every rank's copy: two 32-bit checksums, each agreed
-as a maximum and as a minimum (4 agreement rounds, only when an attempt was
-incomplete). All ranks take every branch together because every decision is
-an agreed value.
+No datagram is retransmitted; what is missing is sent again in a new call.
+A broadcast or an all-gather keeps stale values where chunks do not arrive,
+and its chunk mask says which chunks took the sender's value. After an
+incomplete first call of 64 chunks or more, every rank's mask (which chunks it
+holds) is gathered exactly, and the chunks some rank still lacks are sent
+again, packed into a small call of the same kind (an all-gather's owners each
+send those of their own shard, a broadcast's root sends them all), until
+every mask is full. At 1% loss that moves about 1% more data, where repeating
+the whole call moved all of it again, twice or more. The masks are the same
+on every rank, so every rank takes the same branch.
 
-An all-gather of many chunks repairs instead of repeating: after an incomplete
-first attempt every rank's chunk mask (which chunks it holds) is gathered
-exactly, and each owner re-sends, packed into a small all-gather, only the
-chunks some rank still lacks, until every mask is full. At 1% loss that moves
-about 1% more data where repeating the call moved it all again, twice or more.
-The masks are the same on every rank, so every rank takes the same branch.
+A call of fewer chunks is repeated whole instead, keeping what earlier
+attempts delivered (after k attempts a chunk is missing with probability
+~p^k); completeness across attempts is checked by comparing every rank's
+copy: two 32-bit checksums, each agreed as a maximum and as a minimum (4
+agreement rounds, only when an attempt was incomplete). Every decision is an
+agreed value, so all ranks take every branch together.
 
 An exact allreduce is an exact all-gather of the inputs followed by the same
 local reduction in rank order on every rank: N times the traffic, bitwise
@@ -104,27 +105,111 @@ def _identical_everywhere(comm, tensor, deadline):
     return True
 
 
-def _repeat(comm, attempt, target, what, attempts, deadline):
-    saved = target.clone()  # targets here are always torch tensors (word views or scratch)
-    total_stats = []
+def _repeat(comm, attempt, target, what, attempts, deadline, done=()):
+    """Call attempt() until the call is complete or every rank's copy of `target` is the same;
+    `done`: the stats of attempts already made. Returns the stats of every attempt."""
+    total_stats = list(done)
     for _ in range(attempts):
         stats = attempt()
         total_stats.append(stats)
         if stats.gather_fraction >= 1.0 or _identical_everywhere(comm, target, deadline):
             return total_stats
-    target.copy_(saved)
-    raise LossBudgetExceeded(f"rank {comm.rank}: exact {what} still incomplete after {attempts} attempts", total_stats[-1])
+    raise LossBudgetExceeded(f"rank {comm.rank}: exact {what} still incomplete after {attempts + len(done)} attempts",
+                             total_stats[-1])
+
+
+def _exactly(comm, collective, attempt, target, attempts, deadline, src=None):
+    """One call of `collective` ("all_gather" or "broadcast" from `src`) into int32 `target` with
+    a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
+    `attempt(mask)` makes the call. On failure `target` is put back as it was (a broadcast's
+    root, which the call only reads, is left alone)."""
+    n, me = comm.world_size, comm.rank
+    writes = collective == "all_gather" or me != src
+    saved = target.clone() if writes else None
+    fresh = comm.chunk_mask(collective, target)
+    first = attempt(fresh)
+    if first.gather_fraction >= 1.0:
+        return [first]
+    try:
+        if attempts <= 1:
+            raise LossBudgetExceeded(f"rank {me}: exact {collective} incomplete after its one attempt", first)
+        if fresh.size < REPAIR_MIN_CHUNKS:  # the same size, so the same branch, on every rank
+            return _repeat(comm, lambda: attempt(None), target, collective, attempts - 1, deadline, done=[first])
+        held = fresh.astype(bool)
+        if collective == "all_gather":  # this rank's own shard (target holds n of one width)
+            held[me * (held.size // n):(me + 1) * (held.size // n)] = True
+        elif me == src:
+            held[:] = True
+        return [first] + _repair(comm, collective, target, held, first, attempts - 1, deadline, src)
+    except BaseException:
+        if writes:
+            target.copy_(saved)
+        raise
+
+
+def _repair(comm, collective, target, held, first, attempts, deadline, src):
+    """Fill the chunks of int32 `target` that some rank lacks (`held`: which this rank holds).
+    Each round gathers every rank's mask exactly (so every rank reads the same masks and takes
+    the same branch), then sends the lacking chunks again, each padded to a whole chunk: in an
+    all_gather each owner sends those of its own shard; in a broadcast the root sends them all."""
+    import numpy as np
+    import torch
+
+    n, me = comm.world_size, comm.rank
+    ranges = comm.chunk_ranges(target.numel(), torch.int32)
+    step = comm.chunk_elements(torch.int32)
+    packed = np.packbits(held)
+    everyone = np.empty((n, packed.size), dtype=np.uint8)
+    calls = []
+    for _ in range(attempts):
+        packed[:] = np.packbits(held)
+        all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
+        lacking = np.flatnonzero(~np.unpackbits(everyone, axis=1, count=held.size).astype(bool).all(axis=0))
+        if lacking.size == 0:
+            return calls
+        if collective == "all_gather":  # owner b sends its lacking chunks, every owner as many (padded)
+            per_block = len(ranges) // n  # target holds n shards of one width
+            owners = lacking // per_block
+            lists = [lacking[owners == b] for b in range(n)]
+            slots = max(len(chunks) for chunks in lists)
+            order = [chunk for chunks in lists for chunk in chunks]
+            slot_of = [b * slots + k for b, chunks in enumerate(lists) for k in range(len(chunks))]
+            mine = lists[me]
+        else:  # the root sends them all, as many slots as make equal blocks of whole chunks
+            slots = -(-lacking.size // n) * n
+            order, slot_of = list(lacking), list(range(lacking.size))
+            mine = lacking if me == src else []
+        outgoing = torch.zeros(slots * step, dtype=torch.int32)
+        for k, chunk in enumerate(mine):
+            start, stop = ranges[chunk]
+            outgoing[k * step:k * step + stop - start] = target[start:stop]
+        if collective == "all_gather":
+            incoming = torch.empty(n * slots * step, dtype=torch.int32)
+            arrived = comm.chunk_mask("all_gather", incoming)
+            calls.append(comm.all_gather(outgoing, incoming, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
+        else:
+            incoming = outgoing
+            arrived = comm.chunk_mask("broadcast", incoming)
+            calls.append(comm.broadcast(incoming, src, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
+        for chunk, slot in zip(order, slot_of):
+            if not held[chunk] and arrived[slot]:
+                start, stop = ranges[chunk]
+                target[start:stop] = incoming[slot * step:slot * step + stop - start]
+                held[chunk] = True
+    raise LossBudgetExceeded(f"rank {me}: exact {collective} still incomplete after {attempts} repairs",
+                             calls[-1] if calls else first)
 
 
 @_without_autograd
 def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
-    Returns the stats of each attempt. On failure every rank's tensor is as
+    Returns the stats of each call. On failure every rank's tensor is as
     it was."""
     source = comm.rank == src  # only read: a read-only array may be the source
     words, copy_back = as_words(tensor, writes=not source)
-    stats = _repeat(comm, lambda: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline), words, "broadcast",
-                    attempts, deadline)
+    stats = _exactly(comm, "broadcast", lambda mask: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
+                                                                    chunk_mask=mask),
+                     words, attempts, deadline, src=src)
     if not source:
         copy_back()
     return stats
@@ -134,7 +219,7 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
 def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Gather every rank's shard (any dtype, the same size everywhere) into
     `output`, rank r's at [r * len(shard), (r + 1) * len(shard)), exactly.
-    `output` is written only on success."""
+    `output` is written only on success. Returns the stats of each call."""
     import torch
 
     words, _ = as_words(shard)
@@ -143,7 +228,9 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     width = words.numel()
     gathered = torch.empty(comm.world_size * width, dtype=torch.int32)
     gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
-    stats = _gather_words(comm, words, gathered, attempts, deadline)
+    stats = _exactly(comm, "all_gather", lambda mask: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline,
+                                                                      chunk_mask=mask),
+                     gathered, attempts, deadline)
     target, copy_back = as_words(output, writes=True)
     target_bytes = target.view(torch.uint8)
     if target_bytes.numel() < comm.world_size * shard_bytes:
@@ -152,64 +239,6 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     target_bytes[:comm.world_size * shard_bytes].copy_(rows.reshape(-1))
     copy_back()
     return stats
-
-
-def _gather_words(comm, words, gathered, attempts, deadline):
-    """All-gather int32 `words` into `gathered` exactly: one call, then repairs (or repeats, for
-    few chunks). Returns the stats of every call that moved the data."""
-    fresh = comm.chunk_mask("all_gather", gathered)
-    first = comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline, chunk_mask=fresh)
-    if first.gather_fraction >= 1.0:
-        return [first]
-    if attempts <= 1:
-        raise LossBudgetExceeded(f"rank {comm.rank}: exact all_gather incomplete after its one attempt", first)
-    if fresh.size < REPAIR_MIN_CHUNKS:  # the same size, so the same branch, on every rank
-        return [first] + _repeat(comm, lambda: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline),
-                                 gathered, "all_gather", attempts - 1, deadline)
-    return [first] + _repair(comm, gathered, fresh, first, attempts - 1, deadline)
-
-
-def _repair(comm, gathered, fresh, first, attempts, deadline):
-    """Fill the chunks of `gathered` that `fresh` (this rank's mask after the first call) lacks
-    on any rank: each round gathers every rank's mask exactly, then each owner sends the chunks
-    someone lacks, each padded to a whole chunk, in an all-gather of the longest such list."""
-    import numpy as np
-    import torch
-
-    n, me = comm.world_size, comm.rank
-    ranges = comm.chunk_ranges(gathered.numel(), torch.int32)
-    per_block = len(ranges) // n  # blocks are equal: gathered holds n shards of one width
-    step = comm.chunk_elements(torch.int32)
-    held = fresh.astype(bool)
-    held[me * per_block:(me + 1) * per_block] = True  # this rank's own shard
-    packed = np.packbits(held)
-    everyone = np.empty((n, packed.size), dtype=np.uint8)
-    calls = []
-    for _ in range(attempts):
-        packed[:] = np.packbits(held)
-        all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
-        lacking = ~np.unpackbits(everyone, axis=1, count=held.size).astype(bool).all(axis=0)
-        if not lacking.any():  # every rank read the same masks
-            return calls
-        wanted = [np.flatnonzero(lacking[b * per_block:(b + 1) * per_block]) for b in range(n)]
-        longest = max(len(w) for w in wanted)
-        shard = torch.zeros(longest * step, dtype=torch.int32)
-        for k, chunk in enumerate(wanted[me]):
-            start, stop = ranges[me * per_block + chunk]
-            shard[k * step:k * step + stop - start] = gathered[start:stop]
-        repaired = torch.empty(n * longest * step, dtype=torch.int32)
-        arrived = comm.chunk_mask("all_gather", repaired)
-        calls.append(comm.all_gather(shard, repaired, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
-        for b in range(n):
-            for k, chunk in enumerate(wanted[b]):
-                index = b * per_block + chunk
-                if not held[index] and arrived[b * longest + k]:
-                    start, stop = ranges[index]
-                    offset = (b * longest + k) * step
-                    gathered[start:stop] = repaired[offset:offset + stop - start]
-                    held[index] = True
-    raise LossBudgetExceeded(f"rank {me}: exact all_gather still incomplete after {attempts} repairs",
-                             calls[-1] if calls else first)
 
 
 @_without_autograd
