@@ -519,6 +519,19 @@ def chunk_masks_under_loss(comm, count, calls):
     return outcomes
 
 
+def broadcast_masks_under_loss(comm, count, calls, src):
+    """Broadcasts from `src` with chunk masks, `calls` times: per call (mask, what the tensor holds
+    after, what it held before)."""
+    outcomes = []
+    for call in range(calls):
+        before = np.full(count, -1.0 - call - comm.rank, dtype=np.float32)
+        tensor = (np.arange(count) % 5 + 1).astype(np.float32) if comm.rank == src else before.copy()
+        mask = comm.chunk_mask("broadcast", tensor)
+        comm.broadcast(tensor, src, loss_budget=1.0, chunk_mask=mask)
+        outcomes.append((mask, tensor, before))
+    return outcomes
+
+
 def chunk_layout(comm, count):
     """(this rank's shard's chunk ranges, every chunk's range) of a float32 tensor of `count`."""
     return comm.chunk_ranges(count, "float32", block=comm.rank), comm.chunk_ranges(count, "float32")

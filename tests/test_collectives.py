@@ -219,6 +219,25 @@ def test_chunk_masks_name_what_arrived():
     assert missed_seen > 0 and stale_seen > 0, "20% loss must miss some contributions and leave some chunks stale"
 
 
+def test_a_broadcast_mask_names_the_chunks_that_took_the_roots_values():
+    world, count, calls, src = 3, 1000, 6, 1
+    cluster = get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(0.2, seed=29))
+    sent = (np.arange(count) % 5 + 1).astype(np.float32)
+    stale_seen = 0
+    for rank, (outcomes, ranges) in enumerate(zip(cluster.run(tasks.broadcast_masks_under_loss, count, calls, src),
+                                                 cluster.run(tasks.chunk_layout, count))):
+        _, all_ranges = ranges
+        for mask, tensor, before in outcomes:
+            assert mask.shape == (len(all_ranges),)
+            if rank == src:
+                np.testing.assert_array_equal(tensor, sent)
+                continue
+            for fresh, (first, stop) in zip(mask, all_ranges):
+                np.testing.assert_array_equal(tensor[first:stop], (sent if fresh else before)[first:stop])
+            stale_seen += int((mask == 0).sum())
+    assert stale_seen > 0, "20% loss must leave some chunks stale"
+
+
 def test_argument_errors_are_clear_and_send_nothing():
     cluster = get_cluster(2, chunk_bytes=CHUNK_BYTES)
     for error in cluster.run(tasks.argument_errors):
