@@ -31,8 +31,8 @@ from . import tensors
 from .errors import LossBudgetExceeded
 
 DEFAULT_ATTEMPTS = 64
-# From this many chunks up an incomplete all-gather is repaired chunk by chunk; below, the mask
-# exchange would cost about what repeating the whole call does.
+# From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
+# below, the mask exchange would cost about what repeating the whole call does.
 REPAIR_MIN_CHUNKS = 64
 _ALL_ONES = 0xFFFFFFFF
 
