@@ -1,0 +1,123 @@
+"""Time ud_transport's exact broadcast and all-gather (ud_transport.exact: what the "ud" backend
+runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync) against Gloo's,
+on the same ranks in the same run, optionally under real packet loss.
+
+    python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
+    python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
+    python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
+
+Each call starts after a store barrier; its time is its slowest rank's. "calls" is how many
+collective calls one exact call made on average (1 when nothing was lost; then the repairs).
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.kernel_loss import LossyNamespace  # noqa: E402
+from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
+
+
+def barrier(store, rank, world_size, name):
+    store.add(name, 1)
+    while int(store.add(name, 0)) < world_size:
+        time.sleep(0.0002)
+
+
+def timed(comm, config):
+    """On every rank: per operation, (seconds, collective calls made) of each exact call."""
+    import torch
+    import torch.distributed as dist
+
+    from ud_transport import exact
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("exact-gloo", comm.store), rank=comm.rank,
+                            world_size=comm.world_size)
+    count = config["bytes"] // 4
+    n = comm.world_size
+    shard = torch.arange(count // n, dtype=torch.float32) + comm.rank
+    gathered = torch.empty(count // n * n, dtype=torch.float32)
+    tensor = torch.empty(count, dtype=torch.float32)
+    operations = {
+        "ud broadcast": lambda: len(exact.broadcast(comm, tensor, 0)),
+        "gloo broadcast": lambda: (dist.broadcast(tensor, 0), 1)[1],
+        "ud all_gather": lambda: len(exact.all_gather(comm, shard, gathered)),
+        "gloo all_gather": lambda: (dist.all_gather_single(gathered, shard), 1)[1],
+    }
+    results = {name: ([], []) for name in operations}
+    for iteration in range(config["warmup"] + config["iterations"]):
+        for name, run in operations.items():  # taking turns call by call, as the benchmark does
+            tensor.fill_(comm.rank)
+            barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
+            start = time.perf_counter()
+            calls = run()
+            elapsed = time.perf_counter() - start
+            if name.endswith("broadcast"):
+                assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
+            else:
+                assert torch.equal(gathered.view(n, -1)[:, 0], torch.arange(n, dtype=torch.float32)), "an all-gather is wrong"
+            if iteration >= config["warmup"]:
+                results[name][0].append(elapsed)
+                results[name][1].append(calls)
+    dist.destroy_process_group()
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--bytes", type=lambda text: int(float(text.rstrip("M")) * 2**20) if text.endswith("M") else int(text),
+                        default=16 << 20, help="bytes of the tensor (16M = 16 MiB)")
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
+    parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
+    args = parser.parse_args()
+    port = free_tcp_port()
+    hosts = namespace = None
+    where = "loopback" + (f", {args.kernel_loss:.2%} of UDP and TCP packets dropped" if args.kernel_loss else "")
+    if args.hosts == "veth" or args.kernel_loss:
+        reason = unavailable_reason()
+        if reason:
+            print(f"# exact_calls: skipped: {reason}")
+            return 0
+    if args.hosts == "veth":
+        hosts = Hosts(args.world_size, mtu=args.mtu, switch=args.world_size > 2 or args.kernel_loss > 0,
+                      udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
+        hosts.__enter__()
+        where = hosts.describe()
+    elif args.kernel_loss:
+        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
+        namespace.__enter__()
+    try:
+        with LocalCluster(args.world_size, store_port=port, hosts=hosts, netns=namespace.name if namespace else None,
+                          stripes=1) as cluster:
+            per_rank = cluster.run(timed, dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup),
+                                   timeout_s=3600)
+    finally:
+        for made in (hosts, namespace):
+            if made:
+                made.close()
+    print(f"# exact calls, {args.world_size} ranks, {where}, {args.bytes / 2**20:g} MiB float32, {args.iterations} "
+          f"calls (+{args.warmup} warm-up) of each, taking turns; time = slowest rank")
+    print("| operation | p50 / p99 ms | ud / Gloo p50, p99 | calls per exact call |")
+    print("|---|---|---|---|")
+    slowest = {name: np.max(np.array([rank[name][0] for rank in per_rank]), axis=0) for name in per_rank[0]}
+    for name, times in slowest.items():
+        p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
+        peer = slowest.get(name.replace("ud ", "gloo ")) if name.startswith("ud ") else None
+        ratio = f"{p50 / np.percentile(peer, 50):.2f}x, {p99 / np.percentile(peer, 99):.2f}x" if peer is not None else ""
+        calls = f"{np.mean(per_rank[0][name][1]):.2f}" if name.startswith("ud ") else ""
+        print(f"| {name} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | {ratio} | {calls} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
