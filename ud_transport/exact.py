@@ -118,14 +118,13 @@ def _repeat(comm, attempt, target, what, attempts, deadline, done=()):
                              total_stats[-1])
 
 
-def _exactly(comm, collective, attempt, target, attempts, deadline, src=None):
+def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, keep=False):
     """One call of `collective` ("all_gather" or "broadcast" from `src`) into int32 `target` with
     a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
-    `attempt(mask)` makes the call. On failure `target` is put back as it was (a broadcast's
-    root, which the call only reads, is left alone)."""
+    `attempt(mask)` makes the call. `keep`: on failure put `target` back as it was (it is the
+    caller's; a scratch need not be)."""
     n, me = comm.world_size, comm.rank
-    writes = collective == "all_gather" or me != src
-    saved = target.clone() if writes else None
+    saved = target.clone() if keep else None
     fresh = comm.chunk_mask(collective, target)
     first = attempt(fresh)
     if first.gather_fraction >= 1.0:
@@ -142,7 +141,7 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None):
             held[:] = True
         return [first] + _repair(comm, collective, target, held, first, attempts - 1, deadline, src)
     except BaseException:
-        if writes:
+        if keep:
             target.copy_(saved)
         raise
 
@@ -209,7 +208,7 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     words, copy_back = as_words(tensor, writes=not source)
     stats = _exactly(comm, "broadcast", lambda mask: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
                                                                     chunk_mask=mask),
-                     words, attempts, deadline, src=src)
+                     words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
     return stats
@@ -230,7 +229,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
     stats = _exactly(comm, "all_gather", lambda mask: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline,
                                                                       chunk_mask=mask),
-                     gathered, attempts, deadline)
+                     gathered, attempts, deadline)  # gathered is ours: nothing to put back
     target, copy_back = as_words(output, writes=True)
     target_bytes = target.view(torch.uint8)
     if target_bytes.numel() < comm.world_size * shard_bytes:
