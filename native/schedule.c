@@ -12,6 +12,7 @@ static uint32_t wrap(int64_t value, uint32_t n)
 
 struct builder {
     uint32_t rank, n, rotation;
+    uint32_t holder; /* a broadcast's root, which holds every block: the gather sends it nothing (n: none) */
     struct udt_step *steps;
     uint32_t next; /* index of the next step to fill */
 };
@@ -58,14 +59,19 @@ static void ring_reduce(struct builder *b)
 }
 
 /* Ring all-gather, N-1 steps: forward block r+1-t (owned, or just received),
- * overwrite block r-t from upstream. `first_after` gates the first send. */
+ * overwrite block r-t from upstream. `first_after` gates the first send. A
+ * holder (a broadcast's root) receives nothing and sends from what it holds,
+ * and its upstream neighbour sends it nothing. */
 static void ring_gather(struct builder *b, int32_t first_after)
 {
     uint32_t up = wrap((int64_t)b->rank - 1, b->n), down = wrap((int64_t)b->rank + 1, b->n);
     for (uint32_t t = 0; t + 1 < b->n; t++) {
         struct udt_step *s = add_step(b, UDT_STEP_GATHER);
-        set_send(s, down, block(b, (int64_t)b->rank + 1 - t), t == 0 ? first_after : (int32_t)b->next - 2);
-        set_recv(s, up, block(b, (int64_t)b->rank - t), UDT_RECV_OVERWRITE);
+        if (down != b->holder)
+            set_send(s, down, block(b, (int64_t)b->rank + 1 - t),
+                     t == 0 || b->rank == b->holder ? first_after : (int32_t)b->next - 2);
+        if (b->rank != b->holder)
+            set_recv(s, up, block(b, (int64_t)b->rank - t), UDT_RECV_OVERWRITE);
     }
 }
 
@@ -88,8 +94,10 @@ static void direct_gather(struct builder *b, int32_t send_after)
 {
     for (uint32_t k = 1; k < b->n; k++) {
         struct udt_step *s = add_step(b, UDT_STEP_GATHER);
-        set_send(s, wrap((int64_t)b->rank + k, b->n), block(b, b->rank), send_after);
-        set_recv(s, wrap((int64_t)b->rank - k, b->n), block(b, (int64_t)b->rank - k), UDT_RECV_OVERWRITE);
+        if (wrap((int64_t)b->rank + k, b->n) != b->holder) /* a holder needs nothing */
+            set_send(s, wrap((int64_t)b->rank + k, b->n), block(b, b->rank), send_after);
+        if (b->rank != b->holder)
+            set_recv(s, wrap((int64_t)b->rank - k, b->n), block(b, (int64_t)b->rank - k), UDT_RECV_OVERWRITE);
     }
 }
 
@@ -144,7 +152,8 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
     if (collective < 0 || collective >= UDT_COLLECTIVE_COUNT || algorithm < 0 || algorithm >= UDT_ALGORITHM_COUNT ||
         world_size == 0 || rank >= world_size || root >= world_size)
         return -1;
-    struct builder b = {.rank = rank, .n = world_size, .rotation = rotation % world_size, .steps = out, .next = 0};
+    struct builder b = {.rank = rank, .n = world_size, .rotation = rotation % world_size, .holder = world_size, .steps = out,
+                        .next = 0};
     int ring = algorithm == UDT_ALGORITHM_RING;
     uint32_t n = world_size;
     memset(schedule, 0, sizeof *schedule);
@@ -180,6 +189,7 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
             break;
         case UDT_BROADCAST:
             scatter_from_root(&b, root);
+            b.holder = root; /* it has every block: nobody sends it one back */
             schedule->reduce_steps = n - 1;
             if (rank != root)
                 schedule->finalize_after = (int32_t)wrap((int64_t)rank - root, n) - 1;

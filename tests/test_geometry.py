@@ -89,6 +89,12 @@ def test_broadcast_scatters_from_the_root_then_gathers(algorithm, world, root):
             assert not received and sorted(s["send_block"] for s in scatter) == sorted(set(range(world)) - {root})
         else:
             assert [(s["recv_peer"], s["recv_block"]) for s in received] == [(root, rank)]
+        # the gather half sends the root nothing (it holds every block), and every other rank
+        # takes each block but its own once
+        gather = steps[world - 1:]
+        assert all(s["send_peer"] != root for s in gather)
+        gathered = [s["recv_block"] for s in gather if s["recv_peer"] != NO_PEER]
+        assert gathered == [] if rank == root else sorted(gathered) == sorted(set(range(world)) - {rank})
 
 
 @pytest.mark.parametrize("algorithm", [RING, DIRECT])
