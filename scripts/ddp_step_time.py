@@ -33,9 +33,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
-from ud_transport.kernel_loss import LossyNamespace  # noqa: E402
-from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
+from ud_transport.bench import store_barrier  # noqa: E402
+from ud_transport.hosts import RankNetwork, run_on_network  # noqa: E402
 
 
 def build_model(config):
@@ -46,12 +45,6 @@ def build_model(config):
     for _ in range(config["layers"]):
         layers += [torch.nn.Linear(config["width"], config["width"]), torch.nn.GELU()]
     return torch.nn.Sequential(*layers, torch.nn.Linear(config["width"], 1))
-
-
-def barrier(store, rank, world_size, name):
-    store.add(name, 1)
-    while int(store.add(name, 0)) < world_size:
-        time.sleep(0.0002)
 
 
 def arms_on_rank(comm, config):
@@ -109,7 +102,7 @@ def steps(comm, config):
         batch = torch.randn(config["batch"], config["width"], generator=generator)
         target = torch.randn(config["batch"], 1, generator=generator)
         for name, (model, optimizer, _, _) in arms.items():
-            barrier(comm.store, comm.rank, comm.world_size, f"ddp/{step}/{name}")
+            store_barrier(comm.store, comm.rank, comm.world_size, f"ddp/{step}/{name}")
             start = time.perf_counter()
             loss = torch.nn.functional.mse_loss(model(batch), target)
             loss.backward()
@@ -177,30 +170,12 @@ def main():
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
                   arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()]
                   + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []))
-    port = free_tcp_port()
-    hosts = namespace = None
-    where = "loopback" + (f", {args.kernel_loss:.2%} of UDP and TCP packets dropped" if args.kernel_loss else "")
-    if args.hosts == "veth" or args.kernel_loss:
-        reason = unavailable_reason()
-        if reason:
-            print(f"# ddp_step_time {'--hosts veth' if args.hosts == 'veth' else '--kernel-loss'}: skipped: {reason}")
-            return 0
-    if args.hosts == "veth":
-        hosts = Hosts(args.ranks, mtu=args.mtu, switch=args.ranks > 2 or args.kernel_loss > 0, udp_loss=args.kernel_loss,
-                      tcp_loss=args.kernel_loss, exempt_tcp_port=port)
-        hosts.__enter__()
-        where = hosts.describe()
-    elif args.kernel_loss:
-        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
-        namespace.__enter__()
-    try:
-        with LocalCluster(args.ranks, store_port=port, hosts=hosts, netns=namespace.name if namespace else None,
-                          stripes=1) as cluster:
-            per_rank = cluster.run(steps, config, timeout_s=3600)
-    finally:
-        for made in (hosts, namespace):
-            if made:
-                made.close()
+    reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
+    if reason:
+        print(f"# ddp_step_time: skipped: {reason}")
+        return 0
+    per_rank, where = run_on_network(args.ranks, steps, config, hosts=args.hosts, mtu=args.mtu,
+                                     kernel_loss=args.kernel_loss, stripes=1)
     report(per_rank, config, where)
     return 0
 

@@ -19,15 +19,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
-from ud_transport.kernel_loss import LossyNamespace  # noqa: E402
-from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
-
-
-def barrier(store, rank, world_size, name):
-    store.add(name, 1)
-    while int(store.add(name, 0)) < world_size:
-        time.sleep(0.0002)
+from ud_transport.bench import store_barrier  # noqa: E402
+from ud_transport.hosts import RankNetwork, run_on_network  # noqa: E402
 
 
 def timed(comm, config):
@@ -54,7 +47,7 @@ def timed(comm, config):
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
             tensor.fill_(comm.rank)
-            barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
+            store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             start = time.perf_counter()
             calls = run()
             elapsed = time.perf_counter() - start
@@ -80,31 +73,13 @@ def main():
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     args = parser.parse_args()
-    port = free_tcp_port()
-    hosts = namespace = None
-    where = "loopback" + (f", {args.kernel_loss:.2%} of UDP and TCP packets dropped" if args.kernel_loss else "")
-    if args.hosts == "veth" or args.kernel_loss:
-        reason = unavailable_reason()
-        if reason:
-            print(f"# exact_calls: skipped: {reason}")
-            return 0
-    if args.hosts == "veth":
-        hosts = Hosts(args.world_size, mtu=args.mtu, switch=args.world_size > 2 or args.kernel_loss > 0,
-                      udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
-        hosts.__enter__()
-        where = hosts.describe()
-    elif args.kernel_loss:
-        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=port)
-        namespace.__enter__()
-    try:
-        with LocalCluster(args.world_size, store_port=port, hosts=hosts, netns=namespace.name if namespace else None,
-                          stripes=1) as cluster:
-            per_rank = cluster.run(timed, dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup),
-                                   timeout_s=3600)
-    finally:
-        for made in (hosts, namespace):
-            if made:
-                made.close()
+    reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
+    if reason:
+        print(f"# exact_calls: skipped: {reason}")
+        return 0
+    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup)
+    per_rank, where = run_on_network(args.world_size, timed, config, hosts=args.hosts, mtu=args.mtu,
+                                     kernel_loss=args.kernel_loss, stripes=1)
     print(f"# exact calls, {args.world_size} ranks, {where}, {args.bytes / 2**20:g} MiB float32, {args.iterations} "
           f"calls (+{args.warmup} warm-up) of each, taking turns; time = slowest rank")
     print("| operation | p50 / p99 ms | ud / Gloo p50, p99 | calls per exact call |")

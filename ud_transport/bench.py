@@ -273,9 +273,8 @@ def build_parser():
 
 
 def main(argv=None):
-    from .hosts import Hosts
+    from .hosts import RankNetwork
     from .hosts import unavailable_reason as hosts_unavailable
-    from .kernel_loss import LossyNamespace
     from .local_cluster import free_tcp_port
 
     parser = build_parser()
@@ -290,30 +289,17 @@ def main(argv=None):
     elif args.loss > 0:
         inject = loss_models.Bernoulli(args.loss, seed=args.seed)
     store_port = free_tcp_port()
-    hosts = namespace = None
     if args.hosts == "veth":
         reason = hosts_unavailable()
         if reason:
             print(f"# ud_transport bench --hosts veth: skipped: {reason}")
             return 0
-        hosts = Hosts(args.world_size, mtu=args.mtu, switch=args.switch or args.world_size > 2 or args.kernel_loss > 0,
-                      udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
-        hosts.__enter__()
-        where = hosts.describe()
-    elif args.kernel_loss:
-        namespace = LossyNamespace(udp_loss=args.kernel_loss, tcp_loss=args.kernel_loss, exempt_tcp_port=store_port)
-        namespace.__enter__()
-        where = "loopback"
-    else:
-        where = "loopback"
-    try:
-        with start_cluster(parser, args.world_size, netns=namespace.name if namespace else None, store_port=store_port,
-                           hosts=hosts, inject=inject, chunk_bytes=args.chunk_bytes or None) as cluster:
+    with RankNetwork(args.world_size, store_port=store_port, hosts=args.hosts, mtu=args.mtu, kernel_loss=args.kernel_loss,
+                     switch=args.switch) as network:
+        with start_cluster(parser, args.world_size, store_port=store_port, inject=inject,
+                           chunk_bytes=args.chunk_bytes or None, **network.cluster_arguments) as cluster:
             per_rank = cluster.run(run_rank, config, timeout_s=3600)
-    finally:
-        for made in (namespace, hosts):
-            if made:
-                made.close()
+        hosts, where = network.hosts, network.where
     rows = summarize(per_rank, args.world_size)
     copy_ms = copy_time_ms()
     loss_note = (f"kernel loss {args.kernel_loss:.2%} (nftables, UDP and TCP)" if args.kernel_loss else

@@ -364,3 +364,75 @@ def main(argv=None):
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class RankNetwork:
+    """Where a benchmark's local ranks talk, made and removed as one: loopback; loopback in a
+    private namespace that drops `kernel_loss` of UDP and TCP (kernel_loss.LossyNamespace); or,
+    with `hosts="veth"`, a host per rank (Hosts: a veth pair for 2 ranks, the bridge for more or
+    under loss). The store's TCP port is exempt from loss.
+
+        with RankNetwork(4, store_port=port, hosts="veth", kernel_loss=0.01) as network:
+            with LocalCluster(4, store_port=port, **network.cluster_arguments) as cluster: ...
+
+    `where` describes it for a benchmark's header."""
+
+    def __init__(self, world_size, *, store_port, hosts="loopback", mtu=1500, kernel_loss=0.0, switch=False):
+        self.world_size, self.store_port, self.hosts_kind = world_size, store_port, hosts
+        self.mtu, self.kernel_loss, self.switch = mtu, kernel_loss, switch
+        self.hosts = self.namespace = None
+        self.where = "loopback"
+
+    def __enter__(self):
+        from .kernel_loss import LossyNamespace
+
+        if self.hosts_kind == "veth":
+            self.hosts = Hosts(self.world_size, mtu=self.mtu,
+                               switch=self.switch or self.world_size > 2 or self.kernel_loss > 0,
+                               udp_loss=self.kernel_loss, tcp_loss=self.kernel_loss, exempt_tcp_port=self.store_port)
+            self.hosts.__enter__()
+            self.where = self.hosts.describe()
+        elif self.kernel_loss:
+            self.namespace = LossyNamespace(udp_loss=self.kernel_loss, tcp_loss=self.kernel_loss,
+                                            exempt_tcp_port=self.store_port)
+            self.namespace.__enter__()
+        return self
+
+    @staticmethod
+    def unavailable_reason(hosts="loopback", kernel_loss=0.0):
+        """None when this network can be made here, else why not (hosts and loss need root,
+        iproute2 and nftables)."""
+        return unavailable_reason() if hosts == "veth" or kernel_loss else None
+
+    @property
+    def description(self):
+        """`where`, with the loss on loopback (Hosts.describe names its own)."""
+        if self.hosts is None and self.kernel_loss:
+            return f"{self.where}, {self.kernel_loss:.2%} of UDP and TCP packets dropped"
+        return self.where
+
+    @property
+    def cluster_arguments(self):
+        """LocalCluster's keyword arguments for ranks on this network."""
+        return dict(hosts=self.hosts, netns=self.namespace.name if self.namespace else None)
+
+    def close(self):
+        for made in (self.namespace, self.hosts):
+            if made:
+                made.close()
+        self.hosts = self.namespace = None
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run_on_network(world_size, function, *arguments, hosts="loopback", mtu=1500, kernel_loss=0.0, timeout_s=3600,
+                   **cluster_options):
+    """function(comm, *arguments) on every rank of a LocalCluster on a RankNetwork made for it;
+    returns (the results in rank order, the network's description)."""
+    from .local_cluster import LocalCluster, free_tcp_port
+
+    port = free_tcp_port()
+    with RankNetwork(world_size, store_port=port, hosts=hosts, mtu=mtu, kernel_loss=kernel_loss) as network:
+        with LocalCluster(world_size, store_port=port, **network.cluster_arguments, **cluster_options) as cluster:
+            return cluster.run(function, *arguments, timeout_s=timeout_s), network.description
