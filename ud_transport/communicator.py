@@ -297,13 +297,38 @@ class Communicator:
         >>> for (start, stop), fresh in zip(comm.chunk_ranges(n, "float32"), mask):  # doctest: +SKIP
         ...     pass
         """
+        starts, stops = self.chunk_bounds(count, dtype, block)
+        return list(zip(starts.tolist(), stops.tolist()))
+
+    def chunk_bounds(self, count, dtype, block=None):
+        """``chunk_ranges`` as two arrays, for tensors of many chunks: every chunk's first element
+        and the element past its last.
+
+        Parameters
+        ----------
+        count : int
+        dtype : str, numpy.dtype or torch.dtype
+        block : int, optional
+            Only this block's chunks; None: every block.
+
+        Returns
+        -------
+        (numpy.ndarray, numpy.ndarray) of int64
+
+        Examples
+        --------
+        >>> starts, stops = comm.chunk_bounds(n, "float32")  # doctest: +SKIP
+        """
+        import numpy as np
+
         step = self.chunk_elements(dtype)
-        blocks = range(self.world_size) if block is None else [block]
-        ranges = []
-        for b in blocks:
+        starts, stops = [], []
+        for b in range(self.world_size) if block is None else [block]:
             start, stop = self.shard_range(count, b)
-            ranges += [(first, min(first + step, stop)) for first in range(start, stop, step)]
-        return ranges
+            first = np.arange(start, stop, step, dtype=np.int64)
+            starts.append(first)
+            stops.append(np.minimum(first + step, stop))
+        return np.concatenate(starts), np.concatenate(stops)
 
     def chunk_mask(self, collective, tensor, *, algorithm=None):
         """A zeroed mask for the `chunk_mask` argument of one call, of the shape that call fills.

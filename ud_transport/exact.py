@@ -150,13 +150,14 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
     """Fill the chunks of int32 `target` that some rank lacks (`held`: which this rank holds).
     Each round gathers every rank's mask exactly (so every rank reads the same masks and takes
     the same branch), then sends the lacking chunks again, each padded to a whole chunk: in an
-    all_gather each owner sends those of its own shard; in a broadcast the root sends them all."""
+    all_gather each owner sends those of its own shard; in a broadcast the root sends them all.
+    Chunks are moved by index arrays, not one by one in Python."""
     import numpy as np
     import torch
 
     n, me = comm.world_size, comm.rank
-    ranges = comm.chunk_ranges(target.numel(), torch.int32)
-    step = comm.chunk_elements(torch.int32)
+    starts, stops = comm.chunk_bounds(target.numel(), "int32")
+    step = comm.chunk_elements("int32")
     packed = np.packbits(held)
     everyone = np.empty((n, packed.size), dtype=np.uint8)
     calls = []
@@ -167,21 +168,18 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
         if lacking.size == 0:
             return calls
         if collective == "all_gather":  # owner b sends its lacking chunks, every owner as many (padded)
-            per_block = len(ranges) // n  # target holds n shards of one width
-            owners = lacking // per_block
-            lists = [lacking[owners == b] for b in range(n)]
-            slots = max(len(chunks) for chunks in lists)
-            order = [chunk for chunks in lists for chunk in chunks]
-            slot_of = [b * slots + k for b, chunks in enumerate(lists) for k in range(len(chunks))]
-            mine = lists[me]
+            owners = lacking // (held.size // n)  # target holds n shards of one width
+            counts = np.bincount(owners, minlength=n)
+            slots = int(counts.max())
+            slot_of = owners * slots + np.arange(lacking.size) - (np.cumsum(counts) - counts)[owners]
+            mine = lacking[owners == me]
         else:  # the root sends them all, as many slots as make equal blocks of whole chunks
             slots = -(-lacking.size // n) * n
-            order, slot_of = list(lacking), list(range(lacking.size))
-            mine = lacking if me == src else []
+            slot_of = np.arange(lacking.size)
+            mine = lacking if me == src else lacking[:0]
         outgoing = torch.zeros(slots * step, dtype=torch.int32)
-        for k, chunk in enumerate(mine):
-            start, stop = ranges[chunk]
-            outgoing[k * step:k * step + stop - start] = target[start:stop]
+        into, out_of = _element_pairs(starts, stops, mine, np.arange(mine.size), step)
+        outgoing[into] = target[out_of]
         if collective == "all_gather":
             incoming = torch.empty(n * slots * step, dtype=torch.int32)
             arrived = comm.chunk_mask("all_gather", incoming)
@@ -190,13 +188,25 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             incoming = outgoing
             arrived = comm.chunk_mask("broadcast", incoming)
             calls.append(comm.broadcast(incoming, src, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
-        for chunk, slot in zip(order, slot_of):
-            if not held[chunk] and arrived[slot]:
-                start, stop = ranges[chunk]
-                target[start:stop] = incoming[slot * step:slot * step + stop - start]
-                held[chunk] = True
+        taken = ~held[lacking] & arrived[slot_of].astype(bool)
+        out_of, into = _element_pairs(starts, stops, lacking[taken], slot_of[taken], step)
+        target[into] = incoming[out_of]
+        held[lacking[taken]] = True
     raise LossBudgetExceeded(f"rank {me}: exact {collective} still incomplete after {attempts} repairs",
                              calls[-1] if calls else first)
+
+
+def _element_pairs(starts, stops, chunks, slots, step):
+    """For chunks `chunks` of a tensor (bounds `starts`, `stops`) packed at `slots` of `step`
+    elements each: (every element's index in the packing, its index in the tensor), as torch
+    index tensors."""
+    import numpy as np
+    import torch
+
+    lengths = stops[chunks] - starts[chunks]
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    packed = np.repeat(np.asarray(slots, dtype=np.int64) * step, lengths) + within
+    return torch.from_numpy(packed), torch.from_numpy(np.repeat(starts[chunks], lengths) + within)
 
 
 @_without_autograd

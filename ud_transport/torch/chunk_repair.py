@@ -12,6 +12,7 @@ rescaling and stale retention (both measured in the README's training table):
   owner's value; the next chunk that arrives replaces it exactly, so drift stays bounded.
 
 Both work chunk by chunk from the engine's chunk masks (Communicator.chunk_mask)."""
+import numpy as np
 import torch
 
 from .. import exact
@@ -20,10 +21,8 @@ from .. import exact
 def chunk_index_of_elements(comm, flat):
     """For every element of `flat`, the index of its chunk in a gather mask
     (chunks block by block, as Communicator.chunk_ranges lists them)."""
-    index = torch.empty(flat.numel(), dtype=torch.int64)
-    for chunk, (start, stop) in enumerate(comm.chunk_ranges(flat.numel(), flat.dtype)):
-        index[start:stop] = chunk
-    return index
+    starts, stops = comm.chunk_bounds(flat.numel(), flat.dtype)  # the chunks tile the tensor in order
+    return torch.from_numpy(np.repeat(np.arange(starts.size), stops - starts))
 
 
 class ErrorFeedback:
