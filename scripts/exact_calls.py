@@ -6,7 +6,11 @@ on the same ranks in the same run, optionally under real packet loss.
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
     python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
 
-Each call starts after a store barrier; its time is its slowest rank's. "calls" is how many
+Each call starts after a store barrier; its time is its slowest rank's. Each rank runs torch with
+CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
+thread per core has each rank's parallel copies wait for threads that other ranks' work holds
+off the cores (8 ranks on 2 cores: an exact all-gather took twice as long). torchrun sets one
+thread per process for the same reason. "calls" is how many
 collective calls one exact call made on average (1 when nothing was lost; then the repairs).
 """
 import argparse
@@ -30,6 +34,7 @@ def timed(comm, config):
 
     from ud_transport import exact
 
+    torch.set_num_threads(config["threads"])
     dist.init_process_group("gloo", store=dist.PrefixStore("exact-gloo", comm.store), rank=comm.rank,
                             world_size=comm.world_size)
     count = config["bytes"] // 4
@@ -71,17 +76,20 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     args = parser.parse_args()
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# exact_calls: skipped: {reason}")
         return 0
-    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup)
+    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup,
+                  threads=args.threads or max(1, (os.cpu_count() or 1) // args.world_size))
     per_rank, where = run_on_network(args.world_size, timed, config, hosts=args.hosts, mtu=args.mtu,
                                      kernel_loss=args.kernel_loss, stripes=1)
     print(f"# exact calls, {args.world_size} ranks, {where}, {args.bytes / 2**20:g} MiB float32, {args.iterations} "
-          f"calls (+{args.warmup} warm-up) of each, taking turns; time = slowest rank")
+          f"calls (+{args.warmup} warm-up) of each, taking turns; time = slowest rank; {config['threads']} torch "
+          f"thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs")
     print("| operation | p50 / p99 ms | ud / Gloo p50, p99 | calls per exact call |")
     print("|---|---|---|---|")
     slowest = {name: np.max(np.array([rank[name][0] for rank in per_rank]), axis=0) for name in per_rank[0]}

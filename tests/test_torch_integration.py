@@ -184,6 +184,44 @@ def test_an_exact_broadcast_of_many_chunks_repairs_what_its_first_call_lost(worl
         assert sum(chunks[1:]) < chunks[0] / 2, chunks
 
 
+@pytest.mark.parametrize("collective", ["all_gather", "broadcast"])
+def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(collective):
+    """At 1% loss the first call of 8000 chunks lacks some; the masks are exchanged in 3 copies
+    (a small call), the repair in as many as make a second round unlikely (agreed from the first
+    call's fraction: the same everywhere), and a repair every rank took whole is the last call:
+    no mask exchange after it."""
+    from ud_transport import _native, exact
+
+    world = 4
+    cluster = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.01, seed=17))
+    per_rank = cluster.run(torch_tasks.exact_call_log, collective, 32000 // (world if collective == "all_gather" else 1))
+    log = per_rank[0][1]
+    assert all(exact_result for exact_result, _ in per_rank)
+    assert all([call[:3] for call in rank_log] == [call[:3] for call in log] for _, rank_log in per_rank)
+    first = log[0]
+    mask_words = world * -(-(-(-first[1] // 16) // 8) // 4)  # a bit per 64-byte chunk, packed, in int32 words
+    masks = [call for call in log[1:] if call[:2] == ("all_gather", mask_words)]
+    assert first[0] == collective and first[2] == 1 and first[3] < 1.0, log
+    assert masks and all(copies == exact.SMALL_CALL_COPIES for _, _, copies, _ in masks), log
+    repairs = [call for call in log[1:] if call not in masks and call[0] != "agree"]
+    assert repairs and all(1 < copies <= _native.MAX_COPIES for _, _, copies, _ in repairs), log
+    assert log[-1] == repairs[-1] and repairs[-1][3] == 1.0, log  # no exchange after a whole repair
+    receptions = repairs[0][1] // 16 * (world - 1)  # every rank but its sender takes each chunk
+    assert repairs[0][2] == exact._copies_against(1.0 - first[3], receptions), log
+
+
+def test_copies_against_a_loss_make_few_losses_expected():
+    from ud_transport import _native, exact
+
+    assert exact._copies_against(0.0, 10**6) == 1
+    assert exact._copies_against(0.01, 1) == 1  # 0.01 expected: one copy is enough
+    assert exact._copies_against(0.01, 5600) == 3  # 8 ranks' repair at MTU 1500: 0.56 lost at 2 copies
+    assert exact._copies_against(0.3, 10**5) == _native.MAX_COPIES  # the most the engine sends
+    for loss, receptions in ((0.02, 4000), (0.1, 300)):
+        copies = exact._copies_against(loss, receptions)
+        assert receptions * loss ** copies <= exact.REPAIR_EXPECTED_LOSSES < receptions * loss ** (copies - 1)
+
+
 @pytest.mark.parametrize("attempts", [1, 2])
 def test_exact_gives_up_cleanly_after_its_attempts(attempts):
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=9))

@@ -215,6 +215,40 @@ def exact_broadcast_repaired(comm, count, src):
     return tensor, [s.chunks_total for s in stats]
 
 
+def exact_call_log(comm, collective, count, src=0):
+    """One exact `collective` ("all_gather" or "broadcast" from `src`) of `count` float32 per
+    rank under the cluster's loss: whether it came out exact, and every collective call it made
+    on this rank as (method, elements of its output, copies it asked for, agreed gather
+    fraction); agreement rounds as ("agree", 0, 0, 1.0)."""
+    log = []
+
+    def logged(name, method):
+        def call(*arguments, **keywords):
+            stats = method(*arguments, **keywords)
+            output = arguments[1] if name == "all_gather" else arguments[0]
+            log.append((name, int(output.size if isinstance(output, np.ndarray) else output.numel()),
+                        keywords.get("copies"), stats.gather_fraction))
+            return stats
+        return call
+
+    def agree(value, **keywords):
+        log.append(("agree", 0, 0, 1.0))
+        return type(comm).agree(comm, value, **keywords)
+
+    comm.all_gather, comm.broadcast, comm.agree = logged("all_gather", comm.all_gather), logged("broadcast", comm.broadcast), agree
+    try:
+        if collective == "all_gather":
+            gathered = torch.empty(comm.world_size * count, dtype=torch.float32)
+            exact.all_gather(comm, torch.arange(count, dtype=torch.float32) * (comm.rank + 1), gathered)
+            expected = torch.cat([torch.arange(count, dtype=torch.float32) * (r + 1) for r in range(comm.world_size)])
+            return torch.equal(gathered, expected), log
+        tensor = torch.arange(count, dtype=torch.float32) * (comm.rank + 1)
+        exact.broadcast(comm, tensor, src)
+        return torch.equal(tensor, torch.arange(count, dtype=torch.float32) * (src + 1)), log
+    finally:
+        del comm.all_gather, comm.broadcast, comm.agree  # the class's methods again
+
+
 def exact_gives_up_cleanly(comm, count, attempts=1):
     """Few attempts under heavy loss: must raise and leave the tensor (with 2, the first call and
     one round of repair, which gives up partway)."""

@@ -8,12 +8,18 @@ incomplete first call of 64 chunks or more, every rank's mask (which chunks it
 holds) is gathered exactly, and the chunks some rank still lacks are sent
 again, packed into a small call of the same kind (an all-gather's owners each
 send those of their own shard, a broadcast's root sends them all), until
-every mask is full. At 1% loss that moves about 1% more data, where repeating
-the whole call moved all of it again, twice or more. The masks are the same
-on every rank, so every rank takes the same branch.
+every mask is full. Each repair goes out in as many copies (up to 4) as make
+a further round unlikely at the loss the first call saw: a round costs a mask
+exchange and a call, far more than a repair's bytes sent again. A repair that
+every rank received whole ends the call without another exchange. At 1% loss
+that moves a few % more data, where repeating the whole call moved all of it
+again, twice or more. The masks are the same on every rank, so every rank
+takes the same branch.
 
-A call of fewer chunks is repeated whole instead, keeping what earlier
-attempts delivered (after k attempts a chunk is missing with probability
+A call of fewer chunks is repeated whole instead (the masks themselves are
+such calls), keeping what earlier attempts delivered; one of at most
+SMALL_CALL_BYTES goes out in SMALL_CALL_COPIES copies from the first attempt,
+since latency, not bytes, is its cost (after k attempts a chunk is missing with probability
 ~p^k); completeness across attempts is checked by comparing every rank's
 copy: two 32-bit checksums, each agreed as a maximum and as a minimum (4
 agreement rounds, only when an attempt was incomplete). Every decision is an
@@ -34,6 +40,12 @@ DEFAULT_ATTEMPTS = 64
 # From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
 # below, the mask exchange would cost about what repeating the whole call does.
 REPAIR_MIN_CHUNKS = 64
+# A small call (a mask exchange, a control tensor) is sent this many times from its first attempt:
+# a lost datagram costs it a repeat and four agreement rounds.
+SMALL_CALL_COPIES = 3
+SMALL_CALL_BYTES = 64 << 10
+# A repair is sent in enough copies that at most this many of its datagrams are expected lost.
+REPAIR_EXPECTED_LOSSES = 0.05
 _ALL_ONES = 0xFFFFFFFF
 
 
@@ -121,19 +133,21 @@ def _repeat(comm, attempt, target, what, attempts, deadline, done=()):
 def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, keep=False):
     """One call of `collective` ("all_gather" or "broadcast" from `src`) into int32 `target` with
     a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
-    `attempt(mask)` makes the call. `keep`: on failure put `target` back as it was (it is the
+    `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
     caller's; a scratch need not be)."""
     n, me = comm.world_size, comm.rank
     saved = target.clone() if keep else None
     fresh = comm.chunk_mask(collective, target)
-    first = attempt(fresh)
+    small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
+    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
+    first = attempt(fresh, copies)
     if first.gather_fraction >= 1.0:
         return [first]
     try:
         if attempts <= 1:
             raise LossBudgetExceeded(f"rank {me}: exact {collective} incomplete after its one attempt", first)
-        if fresh.size < REPAIR_MIN_CHUNKS:  # the same size, so the same branch, on every rank
-            return _repeat(comm, lambda: attempt(None), target, collective, attempts - 1, deadline, done=[first])
+        if small:
+            return _repeat(comm, lambda: attempt(None, copies), target, collective, attempts - 1, deadline, done=[first])
         held = fresh.astype(bool)
         if collective == "all_gather":  # this rank's own shard (target holds n of one width)
             held[me * (held.size // n):(me + 1) * (held.size // n)] = True
@@ -151,6 +165,8 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
     Each round gathers every rank's mask exactly (so every rank reads the same masks and takes
     the same branch), then sends the lacking chunks again, each padded to a whole chunk: in an
     all_gather each owner sends those of its own shard; in a broadcast the root sends them all.
+    The repair goes out in copies enough for the loss `first` saw (an agreed fraction, so the
+    same number everywhere); once one arrives whole on every rank (agreed), nothing is lacking.
     Chunks are moved by index arrays, not one by one in Python."""
     import numpy as np
     import torch
@@ -161,6 +177,7 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
     packed = np.packbits(held)
     everyone = np.empty((n, packed.size), dtype=np.uint8)
     calls = []
+    loss = min(0.5, 1.0 - first.gather_fraction)  # the worst rank's share missing: an agreed estimate
     for _ in range(attempts):
         packed[:] = np.packbits(held)
         all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
@@ -177,23 +194,41 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             slots = -(-lacking.size // n) * n
             slot_of = np.arange(lacking.size)
             mine = lacking if me == src else lacking[:0]
+        receivers = n - 1  # every rank but the sender takes each slot
+        copies = _copies_against(loss, (n * slots if collective == "all_gather" else slots) * receivers)
         outgoing = torch.zeros(slots * step, dtype=torch.int32)
         into, out_of = _element_pairs(starts, stops, mine, np.arange(mine.size), step)
         outgoing[into] = target[out_of]
         if collective == "all_gather":
             incoming = torch.empty(n * slots * step, dtype=torch.int32)
             arrived = comm.chunk_mask("all_gather", incoming)
-            calls.append(comm.all_gather(outgoing, incoming, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
+            calls.append(comm.all_gather(outgoing, incoming, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
+                                         copies=copies))
         else:
             incoming = outgoing
             arrived = comm.chunk_mask("broadcast", incoming)
-            calls.append(comm.broadcast(incoming, src, loss_budget=1.0, deadline=deadline, chunk_mask=arrived))
+            calls.append(comm.broadcast(incoming, src, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
+                                        copies=copies))
         taken = ~held[lacking] & arrived[slot_of].astype(bool)
         out_of, into = _element_pairs(starts, stops, lacking[taken], slot_of[taken], step)
         target[into] = incoming[out_of]
         held[lacking[taken]] = True
+        if calls[-1].gather_fraction >= 1.0:  # every rank took every slot: no mask needs gathering again
+            return calls
     raise LossBudgetExceeded(f"rank {me}: exact {collective} still incomplete after {attempts} repairs",
                              calls[-1] if calls else first)
+
+
+def _copies_against(loss, receptions):
+    """The fewest copies (up to the engine's most) of each datagram with which `receptions`
+    receptions, each copy lost with probability `loss`, expect at most REPAIR_EXPECTED_LOSSES
+    losses."""
+    from . import _native
+
+    for copies in range(1, _native.MAX_COPIES):
+        if receptions * loss ** copies <= REPAIR_EXPECTED_LOSSES:
+            return copies
+    return _native.MAX_COPIES
 
 
 def _element_pairs(starts, stops, chunks, slots, step):
@@ -216,8 +251,8 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     it was."""
     source = comm.rank == src  # only read: a read-only array may be the source
     words, copy_back = as_words(tensor, writes=not source)
-    stats = _exactly(comm, "broadcast", lambda mask: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
-                                                                    chunk_mask=mask),
+    stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
+                                                                            chunk_mask=mask, copies=copies),
                      words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
@@ -237,8 +272,9 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     width = words.numel()
     gathered = torch.empty(comm.world_size * width, dtype=torch.int32)
     gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
-    stats = _exactly(comm, "all_gather", lambda mask: comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline,
-                                                                      chunk_mask=mask),
+    stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
+                                                                              deadline=deadline, chunk_mask=mask,
+                                                                              copies=copies),
                      gathered, attempts, deadline)  # gathered is ours: nothing to put back
     target, copy_back = as_words(output, writes=True)
     target_bytes = target.view(torch.uint8)
