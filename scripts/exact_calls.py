@@ -5,6 +5,7 @@ on the same ranks in the same run, optionally under real packet loss.
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
     python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
+    python3 scripts/exact_calls.py --world-size 8 --hosts veth --kernel-loss 0.1 --no-gloo   # ud only
 
 Each call starts after a store barrier; its time is its slowest rank's. Each rank runs torch with
 CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
@@ -48,6 +49,8 @@ def timed(comm, config):
         "ud all_gather": lambda: len(exact.all_gather(comm, shard, gathered)),
         "gloo all_gather": lambda: (dist.all_gather_single(gathered, shard), 1)[1],
     }
+    if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
+        operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
     results = {name: ([], []) for name in operations}
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
@@ -76,6 +79,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--no-gloo", action="store_true", help="time ud_transport's calls only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     args = parser.parse_args()
@@ -83,7 +87,7 @@ def main():
     if reason:
         print(f"# exact_calls: skipped: {reason}")
         return 0
-    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup,
+    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup, no_gloo=args.no_gloo,
                   threads=args.threads or max(1, (os.cpu_count() or 1) // args.world_size))
     per_rank, where = run_on_network(args.world_size, timed, config, hosts=args.hosts, mtu=args.mtu,
                                      kernel_loss=args.kernel_loss, stripes=1)

@@ -186,10 +186,10 @@ def test_an_exact_broadcast_of_many_chunks_repairs_what_its_first_call_lost(worl
 
 @pytest.mark.parametrize("collective", ["all_gather", "broadcast"])
 def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(collective):
-    """At 1% loss the first call of 8000 chunks lacks some; the masks are exchanged in 3 copies
-    (a small call), the repair in as many as make a second round unlikely (agreed from the first
-    call's fraction: the same everywhere), and a repair every rank took whole is the last call:
-    no mask exchange after it."""
+    """At 1% loss the first call of 2000 chunks lacks some; the masks are exchanged in 3 copies
+    (a small call), the repair in the copies that make it cheapest (more than one for so few
+    chunks; agreed from the first call's fraction: the same everywhere), and a repair every rank
+    took whole is the last call: no mask exchange after it."""
     from ud_transport import _native, exact
 
     world = 4
@@ -206,20 +206,21 @@ def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(colle
     repairs = [call for call in log[1:] if call not in masks and call[0] != "agree"]
     assert repairs and all(1 < copies <= _native.MAX_COPIES for _, _, copies, _ in repairs), log
     assert log[-1] == repairs[-1] and repairs[-1][3] == 1.0, log  # no exchange after a whole repair
-    receptions = repairs[0][1] // 16 * (world - 1)  # every rank but its sender takes each chunk
-    assert repairs[0][2] == exact._copies_against(1.0 - first[3], receptions), log
+    chunks = repairs[0][1] // 16  # 16 float32 to a 64-byte chunk; every rank but its sender takes each
+    assert repairs[0][2] == exact._repair_copies(1.0 - first[3], chunks, chunks * (world - 1), first[1] // 16), log
 
 
-def test_copies_against_a_loss_make_few_losses_expected():
+def test_a_repair_takes_copies_while_its_chunks_are_few():
     from ud_transport import _native, exact
 
-    assert exact._copies_against(0.0, 10**6) == 1
-    assert exact._copies_against(0.01, 1) == 1  # 0.01 expected: one copy is enough
-    assert exact._copies_against(0.01, 5600) == 3  # 8 ranks' repair at MTU 1500: 0.56 lost at 2 copies
-    assert exact._copies_against(0.3, 10**5) == _native.MAX_COPIES  # the most the engine sends
-    for loss, receptions in ((0.02, 4000), (0.1, 300)):
-        copies = exact._copies_against(loss, receptions)
-        assert receptions * loss ** copies <= exact.REPAIR_EXPECTED_LOSSES < receptions * loss ** (copies - 1)
+    assert exact._repair_copies(0.0, 50, 350, 10000) == 1  # nothing to lose: one copy
+    # 8 ranks at MTU 1500, 1% loss: 900 of 11600 chunks lacked, 6300 receptions: 2 copies still lose
+    # ~0.6 datagram (a round in half the calls), 3 copies ~0.006 for 8% more bytes
+    assert exact._repair_copies(0.01, 900, 6300, 11600) == 3
+    # the same at 10% loss: half the chunks lacked; a copy more costs half a call, more than a round
+    assert exact._repair_copies(0.1, 6000, 42000, 11600) == 1
+    assert exact._repair_copies(0.3, 10, 70, 11600) == _native.MAX_COPIES  # few chunks, heavy loss
+    assert exact._repair_copies(0.0001, 5, 5, 11600) == 1  # a stray loss
 
 
 @pytest.mark.parametrize("attempts", [1, 2])

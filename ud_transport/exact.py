@@ -8,10 +8,11 @@ incomplete first call of 64 chunks or more, every rank's mask (which chunks it
 holds) is gathered exactly, and the chunks some rank still lacks are sent
 again, packed into a small call of the same kind (an all-gather's owners each
 send those of their own shard, a broadcast's root sends them all), until
-every mask is full. Each repair goes out in as many copies (up to 4) as make
-a further round unlikely at the loss the first call saw: a round costs a mask
-exchange and a call, far more than a repair's bytes sent again. A repair that
-every rank received whole ends the call without another exchange. At 1% loss
+every mask is full. Each repair goes out in the number of copies (1 to 4)
+that makes its expected cost least at the loss the first call saw: its bytes
+against another round (a mask exchange and a call's latency, far more than a
+small repair's bytes). A repair that every rank received whole ends the call
+without another exchange. At 1% loss
 that moves a few % more data, where repeating the whole call moved all of it
 again, twice or more. The masks are the same on every rank, so every rank
 takes the same branch.
@@ -31,6 +32,7 @@ identical results everywhere. Meant for control-sized tensors.
 """
 import ctypes
 import functools
+import math
 import zlib
 
 from . import tensors
@@ -44,8 +46,10 @@ REPAIR_MIN_CHUNKS = 64
 # a lost datagram costs it a repeat and four agreement rounds.
 SMALL_CALL_COPIES = 3
 SMALL_CALL_BYTES = 64 << 10
-# A repair is sent in enough copies that at most this many of its datagrams are expected lost.
-REPAIR_EXPECTED_LOSSES = 0.05
+# What a repair round costs besides its bytes (a mask exchange, a call's latency), as a share of
+# the first call's time: ~25 of ~100 ms at 8 ranks on a bridge at MTU 1500, ~3 of ~12 ms at 2 on
+# loopback (scripts/exact_calls.py, 16 MiB).
+ROUND_COST_IN_CALLS = 0.25
 _ALL_ONES = 0xFFFFFFFF
 
 
@@ -194,8 +198,8 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             slots = -(-lacking.size // n) * n
             slot_of = np.arange(lacking.size)
             mine = lacking if me == src else lacking[:0]
-        receivers = n - 1  # every rank but the sender takes each slot
-        copies = _copies_against(loss, (n * slots if collective == "all_gather" else slots) * receivers)
+        chunks = n * slots if collective == "all_gather" else slots
+        copies = _repair_copies(loss, chunks, chunks * (n - 1), held.size)  # every rank but its sender takes a chunk
         outgoing = torch.zeros(slots * step, dtype=torch.int32)
         into, out_of = _element_pairs(starts, stops, mine, np.arange(mine.size), step)
         outgoing[into] = target[out_of]
@@ -219,16 +223,18 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
                              calls[-1] if calls else first)
 
 
-def _copies_against(loss, receptions):
-    """The fewest copies (up to the engine's most) of each datagram with which `receptions`
-    receptions, each copy lost with probability `loss`, expect at most REPAIR_EXPECTED_LOSSES
-    losses."""
+def _repair_copies(loss, chunks, receptions, first_chunks):
+    """The copies of each datagram (1 to the engine's most) that make a repair of `chunks` chunks
+    cheapest in expectation: its bytes (chunks / first_chunks of the first call per copy) plus
+    another round (ROUND_COST_IN_CALLS) times the chance that some of its `receptions`, each copy
+    lost with probability `loss`, lose every copy. Few lacking chunks get several copies; many
+    (high loss) get one, since copies of them would cost more than the rounds they save."""
     from . import _native
 
-    for copies in range(1, _native.MAX_COPIES):
-        if receptions * loss ** copies <= REPAIR_EXPECTED_LOSSES:
-            return copies
-    return _native.MAX_COPIES
+    def cost(copies):
+        return copies * chunks / first_chunks - ROUND_COST_IN_CALLS * math.expm1(-receptions * loss ** copies)
+
+    return min(range(1, _native.MAX_COPIES + 1), key=cost)  # the fewest of equally cheap ones
 
 
 def _element_pairs(starts, stops, chunks, slots, step):
