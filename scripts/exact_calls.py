@@ -11,8 +11,9 @@ Each call starts after a store barrier; its time is its slowest rank's. Each ran
 CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
 thread per core has each rank's parallel copies wait for threads that other ranks' work holds
 off the cores (8 ranks on 2 cores: an exact all-gather took twice as long). torchrun sets one
-thread per process for the same reason. "calls" is how many
-collective calls one exact call made on average (1 when nothing was lost; then the repairs).
+thread per process for the same reason. "calls" is how many calls that carry data one exact
+call made on average (1 when nothing was lost; then the repairs; the mask exchanges between
+them are not counted).
 """
 import argparse
 import os
@@ -80,9 +81,11 @@ def main():
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--no-gloo", action="store_true", help="time ud_transport's calls only")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: CPUs / ranks)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     args = parser.parse_args()
+    if args.threads < 0:
+        parser.error(f"--threads must be 0 (CPUs / ranks) or more, got {args.threads}")
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# exact_calls: skipped: {reason}")

@@ -197,7 +197,7 @@ def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(colle
     per_rank = cluster.run(torch_tasks.exact_call_log, collective, 32000 // (world if collective == "all_gather" else 1))
     log = per_rank[0][1]
     assert all(exact_result for exact_result, _ in per_rank)
-    assert all([call[:3] for call in rank_log] == [call[:3] for call in log] for _, rank_log in per_rank)
+    assert all(rank_log == log for _, rank_log in per_rank)  # the same calls, copies and (agreed) fractions
     first = log[0]
     mask_words = world * -(-(-(-first[1] // 16) // 8) // 4)  # a bit per 64-byte chunk, packed, in int32 words
     masks = [call for call in log[1:] if call[:2] == ("all_gather", mask_words)]
@@ -205,9 +205,11 @@ def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(colle
     assert masks and all(copies == exact.SMALL_CALL_COPIES for _, _, copies, _ in masks), log
     repairs = [call for call in log[1:] if call not in masks and call[0] != "agree"]
     assert repairs and all(1 < copies <= _native.MAX_COPIES for _, _, copies, _ in repairs), log
-    assert log[-1] == repairs[-1] and repairs[-1][3] == 1.0, log  # no exchange after a whole repair
+    # no exchange after a repair every rank took whole (one that lost only padding or a chunk its
+    # receiver held is followed by an exchange that finds nothing lacking)
+    assert all(position == len(log) - 1 for position, call in enumerate(log) if call in repairs and call[3] == 1.0), log
     chunks = repairs[0][1] // 16  # 16 float32 to a 64-byte chunk; every rank but its sender takes each
-    assert repairs[0][2] == exact._repair_copies(1.0 - first[3], chunks, chunks * (world - 1), first[1] // 16), log
+    assert repairs[0][2] == exact._repair_copies(min(0.5, 1.0 - first[3]), chunks, chunks * (world - 1), first[1] // 16), log
 
 
 def test_a_repair_takes_copies_while_its_chunks_are_few():
