@@ -225,6 +225,30 @@ def test_a_repair_takes_copies_while_its_chunks_are_few():
     assert exact._repair_copies(0.0001, 5, 5, 11600) == 1  # a stray loss
 
 
+def test_exact_working_buffers_are_kept_per_communicator_and_never_shared():
+    from ud_transport import exact
+
+    class Owner:  # stands for a communicator: the buffers are keyed by it, weakly
+        pass
+
+    owner = Owner()
+    with exact._borrowed(owner, 1000) as outer:
+        with exact._borrowed(owner, 10) as inner:  # an exact call inside another (a mask exchange)
+            assert inner.numel() == 10 and outer.numel() == 1000
+            assert inner.data_ptr() + 40 <= outer.data_ptr() or outer.data_ptr() + 4000 <= inner.data_ptr()
+    with exact._borrowed(owner, 500) as again:
+        assert again.data_ptr() == outer.data_ptr()  # the smallest kept buffer that fits, not a new one
+    with exact._borrowed(owner, 5) as small:
+        assert small.data_ptr() == inner.data_ptr()
+    for count in (1, 2, 3, 4, 5):  # nested: each a buffer of its own
+        stack = [exact._borrowed(owner, count) for _ in range(count)]
+        [context.__enter__() for context in stack]
+        [context.__exit__(None, None, None) for context in reversed(stack)]
+    assert sorted(buffer.numel() for buffer in exact._buffers[owner]) == [5, 5, 10, 1000]  # the largest kept
+    del owner
+    assert len(exact._buffers) == 0 or all(not isinstance(key, Owner) for key in exact._buffers.keys())
+
+
 @pytest.mark.parametrize("attempts", [1, 2])
 def test_exact_gives_up_cleanly_after_its_attempts(attempts):
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=9))

@@ -30,9 +30,11 @@ An exact allreduce is an exact all-gather of the inputs followed by the same
 local reduction in rank order on every rank: N times the traffic, bitwise
 identical results everywhere. Meant for control-sized tensors.
 """
+import contextlib
 import ctypes
 import functools
 import math
+import weakref
 import zlib
 
 from . import tensors
@@ -51,6 +53,29 @@ SMALL_CALL_BYTES = 64 << 10
 # loopback (scripts/exact_calls.py, 16 MiB).
 ROUND_COST_IN_CALLS = 0.25
 _ALL_ONES = 0xFFFFFFFF
+# Working buffers of the exact calls, per communicator, kept between calls while it lives.
+_buffers = weakref.WeakKeyDictionary()
+_KEPT_BUFFERS = 4
+
+
+@contextlib.contextmanager
+def _borrowed(comm, count):
+    """An int32 torch tensor of `count` elements from `comm`'s buffers, given back after. Fresh
+    memory costs a page fault and the kernel's zeroing per page on every call (16 MiB: ~10 ms
+    to allocate and fill, against ~2 ms to refill a kept buffer, on the 2-core build machine).
+    An exact call made inside another (a mask exchange) gets a buffer of its own. The buffers
+    are kept while `comm` lives (at most _KEPT_BUFFERS, the largest ones)."""
+    import torch
+
+    free = _buffers.setdefault(comm, [])  # smallest first
+    fitting = next((index for index, buffer in enumerate(free) if buffer.numel() >= count), None)
+    buffer = free.pop(fitting) if fitting is not None else torch.empty(count, dtype=torch.int32)
+    try:
+        yield buffer[:count]
+    finally:
+        free.append(buffer)
+        free.sort(key=torch.Tensor.numel)
+        del free[:-_KEPT_BUFFERS]
 
 
 def _without_autograd(collective):
@@ -139,8 +164,15 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
     a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
     `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
     caller's; a scratch need not be)."""
+    with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
+        if keep:
+            saved.copy_(target)
+        return _exactly_kept(comm, collective, attempt, target, attempts, deadline, src, saved)
+
+
+def _exactly_kept(comm, collective, attempt, target, attempts, deadline, src, saved):
+    """_exactly with `saved`: None, or what to put back into `target` on failure."""
     n, me = comm.world_size, comm.rank
-    saved = target.clone() if keep else None
     fresh = comm.chunk_mask(collective, target)
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
@@ -159,7 +191,7 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
             held[:] = True
         return [first] + _repair(comm, collective, target, held, first, attempts - 1, deadline, src)
     except BaseException:
-        if keep:
+        if saved is not None:
             target.copy_(saved)
         raise
 
@@ -276,18 +308,18 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
     shard_bytes = _as_torch(shard).nbytes
     _as_torch(output, writes=True)  # refused before anything is sent, not after
     width = words.numel()
-    gathered = torch.empty(comm.world_size * width, dtype=torch.int32)
-    gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
-    stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
-                                                                              deadline=deadline, chunk_mask=mask,
-                                                                              copies=copies),
-                     gathered, attempts, deadline)  # gathered is ours: nothing to put back
-    target, copy_back = as_words(output, writes=True)
-    target_bytes = target.view(torch.uint8)
-    if target_bytes.numel() < comm.world_size * shard_bytes:
-        raise ValueError(f"output holds {target_bytes.numel()} bytes, {comm.world_size} shards need {comm.world_size * shard_bytes}")
-    rows = gathered.view(torch.uint8).view(comm.world_size, 4 * width)[:, :shard_bytes]
-    target_bytes[:comm.world_size * shard_bytes].copy_(rows.reshape(-1))
+    with _borrowed(comm, comm.world_size * width) as gathered:
+        gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
+        stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
+                                                                                  deadline=deadline, chunk_mask=mask,
+                                                                                  copies=copies),
+                         gathered, attempts, deadline)  # gathered is ours: nothing to put back
+        target, copy_back = as_words(output, writes=True)
+        target_bytes = target.view(torch.uint8)
+        if target_bytes.numel() < comm.world_size * shard_bytes:
+            raise ValueError(f"output holds {target_bytes.numel()} bytes, {comm.world_size} shards need {comm.world_size * shard_bytes}")
+        rows = gathered.view(torch.uint8).view(comm.world_size, 4 * width)[:, :shard_bytes]
+        target_bytes[:comm.world_size * shard_bytes].copy_(rows.reshape(-1))
     copy_back()
     return stats
 
