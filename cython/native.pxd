@@ -191,6 +191,7 @@ cdef extern from "engine.h" nogil:
         uint8_t *chunk_mask
         uint64_t chunk_mask_bytes
         uint32_t copies
+        uint32_t direct_output
 
     struct udt_comm:
         pass

@@ -1132,7 +1132,7 @@ static void write_gathered(struct call *c)
             int in_scratch = (c->chunk_flags[id] & SCRATCH_VALID) && !own_input;
             if (own_input || (!in_scratch && c->final_count[id] && input_at(c, first) != target))
                 write_chunk(c, &run, WRITE_MOVE, 1.0, target, input_at(c, first), elements);
-            else if (in_scratch && c->final_count[id])
+            else if (in_scratch && c->final_count[id] && !c->direct_output) /* direct: it is there already */
                 write_chunk(c, &run, WRITE_STORE, 1.0, target, c->accum + first * c->accum_bytes, elements);
             else
                 flush_run(c, &run); /* the chunk keeps what the output holds */
@@ -1307,7 +1307,8 @@ static int prepare(struct udt_comm *comm, struct call *c)
     c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes &&
                   a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
     c->stats->in_place = c->in_place;
-    c->accum = c->in_place ? (uint8_t *)a->output : comm->scratch;
+    c->direct_output = a->direct_output && gathers(c) && !reduces(c) && c->accum_bytes == c->wire_bytes;
+    c->accum = c->in_place || c->direct_output ? (uint8_t *)a->output : comm->scratch;
     c->saved = comm->scratch;
     c->rs_count = (uint16_t *)comm->chunk_state;
     c->final_count = c->rs_count + total_chunks;

@@ -75,6 +75,10 @@ struct udt_collective_args {
      * whole step, so a chunk is lost only if every copy is: forward redundancy at
      * `copies` times the bytes, never a retransmission. Receivers keep the first copy. */
     uint32_t copies;
+    /* all_gather, broadcast: nonzero writes what arrives straight into the output instead of
+     * the scratch and a copy at the end, so a call that fails may leave the output partly
+     * written: only for a caller that keeps its own copy to put back (ud_transport.exact). */
+    uint32_t direct_output;
 };
 
 struct udt_collective_stats {

@@ -105,6 +105,7 @@ struct call {
     uint16_t *final_count;       /* contributions in the fresh value of a chunk, 0 = not fresh */
     uint8_t *chunk_flags;
     uint8_t *accum;              /* the scratch, or in place the caller's tensor itself */
+    uint8_t direct_output;       /* a gather that writes into the output as chunks arrive (args.direct_output) */
     uint8_t in_place;            /* an allreduce whose input is its output: the tensor accumulates, each
                                   * chunk's original saved in the scratch before its first write */
     uint8_t *saved;              /* in place: the originals (the scratch) */

@@ -156,7 +156,7 @@ def broadcast_values(comm, count, dtype, root, algorithm):
     return as_numpy(tensor).copy(), stats
 
 
-def lossy_gathers(comm, count, calls, algorithm, kind):
+def lossy_gathers(comm, count, calls, algorithm, kind, direct_output=False):
     """all_gather (or broadcast from rank 0) under loss into an output that holds
     a known old value; returns what each call left there."""
     rows = []
@@ -166,11 +166,13 @@ def lossy_gathers(comm, count, calls, algorithm, kind):
         output = old.copy()
         start, stop = comm.shard_range(count)
         if kind == "all_gather":
-            stats = comm.all_gather(fresh[start:stop].copy(), output, loss_budget=1.0, deadline=10.0, algorithm=algorithm)
+            stats = comm.all_gather(fresh[start:stop].copy(), output, loss_budget=1.0, deadline=10.0, algorithm=algorithm,
+                                    direct_output=direct_output)
         else:
             if comm.rank == 0:
                 output = fresh.copy()
-            stats = comm.broadcast(output, 0, loss_budget=1.0, deadline=10.0, algorithm=algorithm)
+            stats = comm.broadcast(output, 0, loss_budget=1.0, deadline=10.0, algorithm=algorithm,
+                                   direct_output=direct_output)
         rows.append((output, stats.chunks_stale, stats.own_gather_fraction))
     return rows
 

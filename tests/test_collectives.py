@@ -79,12 +79,13 @@ def lossy(world=4, loss=0.1):
     return get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(loss, seed=11))
 
 
+@pytest.mark.parametrize("direct_output", [False, True])  # True: chunks written as they arrive, no copy at the end
 @pytest.mark.parametrize("kind", ["all_gather", "broadcast"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_stale_chunks_keep_their_old_value_bit_for_bit(kind, algorithm):
+def test_stale_chunks_keep_their_old_value_bit_for_bit(kind, algorithm, direct_output):
     world, count, calls = 4, 480, 20
     chunk = 32 // 4
-    per_rank = lossy().run(tasks.lossy_gathers, count, calls, algorithm, kind)
+    per_rank = lossy().run(tasks.lossy_gathers, count, calls, algorithm, kind, direct_output)
     stale_seen = 0
     for call in range(calls):
         old = np.full(count, -1000.0 - call, dtype=np.float32)

@@ -92,7 +92,8 @@ class Engine:
     def run(self, collective: int, algorithm: int, input: int, output: int, count: int, dtype: int, op: int,
             estimator: int, root: int, agree_value: int, loss_budget: float,
             deadline_s: float, chunk_mask: int = ...,
-            chunk_mask_bytes: int = ..., copies: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
+            chunk_mask_bytes: int = ..., copies: int = ...,
+            direct_output: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
     def close(self) -> None: ...
 
 def run_striped(engines: list[Engine], collective: int, algorithm: int, inputs: list[int], outputs: list[int],

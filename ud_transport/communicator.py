@@ -444,7 +444,8 @@ class Communicator:
                          deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
 
     @_documented
-    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None):
+    def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
+                   direct_output=False):
         """Gather every rank's shard into `output`, the full tensor.
 
         Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
@@ -460,6 +461,10 @@ class Communicator:
         chunk_mask : numpy.ndarray of uint8, optional
             From ``chunk_mask("all_gather", output)``: on success, 1 for every chunk of `output`
             that is fresh, 0 where it kept its old value (``chunk_ranges`` maps chunks to elements).
+        direct_output : bool, default False
+            Write chunks into `output` as they arrive rather than at the end: one copy fewer,
+            but a call that fails may leave `output` partly written. For a caller that keeps
+            its own copy to put back (``ud_transport.exact`` does).
         {call_parameters}
 
         {call_raises}
@@ -472,10 +477,12 @@ class Communicator:
         start, stop = self.shard_range(target.count)
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
+                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
+                         direct_output=direct_output)
 
     @_documented
-    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None):
+    def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
+                  direct_output=False):
         """Copy rank `src`'s tensor into every rank's, in place.
 
         Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
@@ -489,6 +496,9 @@ class Communicator:
         chunk_mask : numpy.ndarray of uint8, optional
             From ``chunk_mask("broadcast", tensor)``: on success, 1 for every chunk of `tensor`
             that took `src`'s value in this call (as for all_gather).
+        direct_output : bool, default False
+            As for all_gather: chunks are written as they arrive, and a call that fails may
+            leave `tensor` partly written (never at `src`).
         {call_parameters}
 
         {call_raises}
@@ -501,7 +511,8 @@ class Communicator:
             raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
+                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
+                         direct_output=direct_output)
 
     def agree(self, value, *, deadline=None):
         """The largest `value` over all ranks, the same on every rank.
@@ -580,7 +591,7 @@ class Communicator:
         return addresses, addresses, counts, [part / view.count for part in counts]
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
-             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None):
+             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False):
         op_value = op_code(op)
         copies = check_copies(self.options.copies if copies is None else copies)
         estimator_value = estimator_code(estimator or self.options.estimator)
@@ -597,7 +608,7 @@ class Communicator:
                 raise TransportError("communicator is closed")
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            stripes = self._stripes_for(collective, nbytes, mask_address)
+            stripes = None if direct_output else self._stripes_for(collective, nbytes, mask_address)
             if stripes:
                 status, raw, _, native_error = _native.run_striped(
                     stripes, collective, algorithms.CODES[algorithm_name], *self._stripe_layout(target, len(stripes)),
@@ -606,7 +617,8 @@ class Communicator:
                 status, raw, native_error = self._engine.run(
                     collective, algorithms.CODES[algorithm_name], source.address if source else 0,
                     target.address if target else 0, count, target.dtype_code if target else 0, op_value,
-                    estimator_value, root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies)
+                    estimator_value, root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies,
+                    bool(direct_output))
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:

@@ -176,10 +176,10 @@ def _exactly_kept(comm, collective, attempt, target, attempts, deadline, src, sa
     fresh = comm.chunk_mask(collective, target)
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
-    first = attempt(fresh, copies)
-    if first.gather_fraction >= 1.0:
-        return [first]
-    try:
+    try:  # every call writes into target directly (direct_output): a failed one leaves it partly written
+        first = attempt(fresh, copies)
+        if first.gather_fraction >= 1.0:
+            return [first]
         if attempts <= 1:
             raise LossBudgetExceeded(f"rank {me}: exact {collective} incomplete after its one attempt", first)
         if small:
@@ -239,12 +239,12 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             incoming = torch.empty(n * slots * step, dtype=torch.int32)
             arrived = comm.chunk_mask("all_gather", incoming)
             calls.append(comm.all_gather(outgoing, incoming, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
-                                         copies=copies))
+                                         copies=copies, direct_output=True))  # incoming is ours
         else:
             incoming = outgoing
             arrived = comm.chunk_mask("broadcast", incoming)
             calls.append(comm.broadcast(incoming, src, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
-                                        copies=copies))
+                                        copies=copies, direct_output=True))
         taken = ~held[lacking] & arrived[slot_of].astype(bool)
         out_of, into = _element_pairs(starts, stops, lacking[taken], slot_of[taken], step)
         target[into] = incoming[out_of]
@@ -290,7 +290,8 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     source = comm.rank == src  # only read: a read-only array may be the source
     words, copy_back = as_words(tensor, writes=not source)
     stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
-                                                                            chunk_mask=mask, copies=copies),
+                                                                            chunk_mask=mask, copies=copies,
+                                                                            direct_output=True),
                      words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
@@ -312,7 +313,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
         gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
         stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
                                                                                   deadline=deadline, chunk_mask=mask,
-                                                                                  copies=copies),
+                                                                                  copies=copies, direct_output=True),
                          gathered, attempts, deadline)  # gathered is ours: nothing to put back
         target, copy_back = as_words(output, writes=True)
         target_bytes = target.view(torch.uint8)
