@@ -12,19 +12,21 @@ every mask is full. Each repair goes out in the number of copies (1 to 4)
 that makes its expected cost least at the loss the first call saw: its bytes
 against another round (a mask exchange and a call's latency, far more than a
 small repair's bytes). A repair that every rank received whole ends the call
-without another exchange. At 1% loss
-that moves a few % more data, where repeating the whole call moved all of it
-again, twice or more. The masks are the same on every rank, so every rank
-takes the same branch.
+without another exchange. At 1% loss that moves a few % more data, where
+repeating the whole call moved all of it again, twice or more. The masks are
+the same on every rank, so every rank takes the same branch.
 
-A call of fewer chunks is repeated whole instead (the masks themselves are
-such calls), keeping what earlier attempts delivered; one of at most
-SMALL_CALL_BYTES goes out in SMALL_CALL_COPIES copies from the first attempt,
-since latency, not bytes, is its cost (after k attempts a chunk is missing with probability
-~p^k); completeness across attempts is checked by comparing every rank's
+A call of fewer chunks (the mask exchanges are such calls) is repeated whole
+instead, keeping what earlier attempts delivered: after k attempts a chunk is
+missing with probability ~p^k. One of at most SMALL_CALL_BYTES goes out in
+SMALL_CALL_COPIES copies from its first attempt, since latency, not bytes, is
+its cost. Completeness across attempts is checked by comparing every rank's
 copy: two 32-bit checksums, each agreed as a maximum and as a minimum (4
 agreement rounds, only when an attempt was incomplete). Every decision is an
 agreed value, so all ranks take every branch together.
+
+Every call writes into its output as chunks arrive (direct_output); the
+caller's tensor is put back from a kept copy when the exact call fails.
 
 An exact allreduce is an exact all-gather of the inputs followed by the same
 local reduction in rank order on every rank: N times the traffic, bitwise
@@ -164,36 +166,32 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
     a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
     `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
     caller's; a scratch need not be)."""
-    with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
-        if keep:
-            saved.copy_(target)
-        return _exactly_kept(comm, collective, attempt, target, attempts, deadline, src, saved)
-
-
-def _exactly_kept(comm, collective, attempt, target, attempts, deadline, src, saved):
-    """_exactly with `saved`: None, or what to put back into `target` on failure."""
     n, me = comm.world_size, comm.rank
     fresh = comm.chunk_mask(collective, target)
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
-    try:  # every call writes into target directly (direct_output): a failed one leaves it partly written
-        first = attempt(fresh, copies)
-        if first.gather_fraction >= 1.0:
-            return [first]
-        if attempts <= 1:
-            raise LossBudgetExceeded(f"rank {me}: exact {collective} incomplete after its one attempt", first)
-        if small:
-            return _repeat(comm, lambda: attempt(None, copies), target, collective, attempts - 1, deadline, done=[first])
-        held = fresh.astype(bool)
-        if collective == "all_gather":  # this rank's own shard (target holds n of one width)
-            held[me * (held.size // n):(me + 1) * (held.size // n)] = True
-        elif me == src:
-            held[:] = True
-        return [first] + _repair(comm, collective, target, held, first, attempts - 1, deadline, src)
-    except BaseException:
-        if saved is not None:
-            target.copy_(saved)
-        raise
+    with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
+        if keep:
+            saved.copy_(target)
+        try:  # every call writes into target directly (direct_output): a failed one leaves it partly written
+            first = attempt(fresh, copies)
+            if first.gather_fraction >= 1.0:
+                return [first]
+            if attempts <= 1:
+                raise LossBudgetExceeded(f"rank {me}: exact {collective} incomplete after its one attempt", first)
+            if small:
+                return _repeat(comm, lambda: attempt(None, copies), target, collective, attempts - 1, deadline,
+                               done=[first])
+            held = fresh.astype(bool)
+            if collective == "all_gather":  # this rank's own shard (target holds n of one width)
+                held[me * (held.size // n):(me + 1) * (held.size // n)] = True
+            elif me == src:
+                held[:] = True
+            return [first] + _repair(comm, collective, target, held, first, attempts - 1, deadline, src)
+        except BaseException:
+            if keep:
+                target.copy_(saved)
+            raise
 
 
 def _repair(comm, collective, target, held, first, attempts, deadline, src):
@@ -226,11 +224,11 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             slots = int(counts.max())
             slot_of = owners * slots + np.arange(lacking.size) - (np.cumsum(counts) - counts)[owners]
             mine = lacking[owners == me]
+            chunks = n * slots  # of the repair's output
         else:  # the root sends them all, as many slots as make equal blocks of whole chunks
-            slots = -(-lacking.size // n) * n
+            slots = chunks = -(-lacking.size // n) * n
             slot_of = np.arange(lacking.size)
             mine = lacking if me == src else lacking[:0]
-        chunks = n * slots if collective == "all_gather" else slots
         copies = _repair_copies(loss, chunks, chunks * (n - 1), held.size)  # every rank but its sender takes a chunk
         outgoing = torch.zeros(slots * step, dtype=torch.int32)
         into, out_of = _element_pairs(starts, stops, mine, np.arange(mine.size), step)

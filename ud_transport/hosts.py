@@ -332,40 +332,6 @@ class Hosts:
         self.close()
 
 
-def main(argv=None):
-    """python -m ud_transport.hosts [N] [MTU]: build hosts, print what they look like, remove them."""
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    count = int(argv[0]) if argv else 2
-    mtu = int(argv[1]) if len(argv) > 1 else 1500
-    reason = unavailable_reason()
-    if reason:
-        print(f"hosts: {reason}")
-        return 0
-    with Hosts(count, mtu=mtu) as hosts:
-        print(hosts.describe())
-        for i in range(count):
-            features = hosts.features(i)
-            shown = {k: features[k] for k in ("tx-udp-segmentation", "tx-tcp-segmentation", "rx-gro") if k in features}
-            print(f"  {hosts.namespaces[i]} {hosts.addresses[i]} {shown}")
-        if count > 1:
-            with hosts.socket(1) as receiver, hosts.socket(0) as sender:
-                receiver.bind((hosts.addresses[1], 0))
-                receiver.settimeout(1.0)
-                sender.sendto(b"x" * (mtu - 28), receiver.getsockname())
-                try:
-                    data, source = receiver.recvfrom(65536)
-                    print(f"  {len(data)}-byte datagram from {source[0]} reached {hosts.addresses[1]}")
-                except socket.timeout:
-                    print(f"  no datagram from host 0 reached {hosts.addresses[1]}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 class RankNetwork:
     """Where a benchmark's local ranks talk, made and removed as one: loopback; loopback in a
     private namespace that drops `kernel_loss` of UDP and TCP (kernel_loss.LossyNamespace); or,
@@ -436,3 +402,37 @@ def run_on_network(world_size, function, *arguments, hosts="loopback", mtu=1500,
     with RankNetwork(world_size, store_port=port, hosts=hosts, mtu=mtu, kernel_loss=kernel_loss) as network:
         with LocalCluster(world_size, store_port=port, **network.cluster_arguments, **cluster_options) as cluster:
             return cluster.run(function, *arguments, timeout_s=timeout_s), network.description
+
+
+def main(argv=None):
+    """python -m ud_transport.hosts [N] [MTU]: build hosts, print what they look like, remove them."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    count = int(argv[0]) if argv else 2
+    mtu = int(argv[1]) if len(argv) > 1 else 1500
+    reason = unavailable_reason()
+    if reason:
+        print(f"hosts: {reason}")
+        return 0
+    with Hosts(count, mtu=mtu) as hosts:
+        print(hosts.describe())
+        for i in range(count):
+            features = hosts.features(i)
+            shown = {k: features[k] for k in ("tx-udp-segmentation", "tx-tcp-segmentation", "rx-gro") if k in features}
+            print(f"  {hosts.namespaces[i]} {hosts.addresses[i]} {shown}")
+        if count > 1:
+            with hosts.socket(1) as receiver, hosts.socket(0) as sender:
+                receiver.bind((hosts.addresses[1], 0))
+                receiver.settimeout(1.0)
+                sender.sendto(b"x" * (mtu - 28), receiver.getsockname())
+                try:
+                    data, source = receiver.recvfrom(65536)
+                    print(f"  {len(data)}-byte datagram from {source[0]} reached {hosts.addresses[1]}")
+                except socket.timeout:
+                    print(f"  no datagram from host 0 reached {hosts.addresses[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
