@@ -401,6 +401,15 @@ def half_bits_to_float(uint16_t bits):
 def float_to_bfloat16_bits(float value):
     return udt_float_to_bfloat16(value)
 
+def copy_uncached(unsigned char[::1] dst, const unsigned char[::1] src):
+    """dst[:] = src with the engine's cache-bypassing copy (for tests of its edges)."""
+    if dst.shape[0] != src.shape[0]:
+        raise ValueError(f"copy_uncached: {src.shape[0]} bytes into {dst.shape[0]}")
+    if dst.shape[0]:
+        with nogil:
+            udt_copy_uncached(&dst[0], &src[0], dst.shape[0])
+            udt_uncached_fence()
+
 
 # ---- the simulator: many engines in one process on a virtual clock ----
 include "simulator.pxi"

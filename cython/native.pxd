@@ -221,3 +221,5 @@ cdef extern from "elementwise.h" nogil:
     uint16_t udt_float_to_bfloat16(float value)
     float udt_bfloat16_to_float(uint16_t bits)
     size_t udt_wire_elem_bytes(int dtype)
+    void udt_copy_uncached(void *dst, const void *src, size_t bytes)
+    void udt_uncached_fence()

@@ -2,6 +2,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 size_t udt_wire_elem_bytes(int dtype)
 {
@@ -273,4 +276,35 @@ void udt_store(int dtype, void *dst, const void *accum, size_t count, double fac
         break;
     }
     }
+}
+
+void udt_copy_uncached(void *dst, const void *src, size_t bytes)
+{
+#if defined(__SSE2__)
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15; /* streaming stores need 16-byte aligned targets */
+    if (head > bytes)
+        head = bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 32)), f = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), e);
+        _mm_stream_si128((__m128i *)(d + 48), f);
+    }
+    memcpy(d, s, bytes);
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+void udt_uncached_fence(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }

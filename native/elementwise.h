@@ -35,6 +35,12 @@ void udt_unpack(int dtype, void *accum, const void *wire, size_t count);
 void udt_scale(int dtype, void *accum, size_t count, double factor);
 /* dst (caller's type) <- accumulator * factor; factor 0 writes zeros */
 void udt_store(int dtype, void *dst, const void *accum, size_t count, double factor);
+/* memcpy whose stores bypass the cache: for a copy nobody reads soon (the originals an
+ * in-place call saves in case it fails, final values of a tensor larger than the cache),
+ * so the destination costs no read from memory and evicts nothing the call is about to
+ * use. Its stores are weakly ordered: udt_uncached_fence() before another thread reads. */
+void udt_copy_uncached(void *dst, const void *src, size_t bytes);
+void udt_uncached_fence(void);
 
 uint16_t udt_float_to_half(float value);
 float udt_half_to_float(uint16_t bits);

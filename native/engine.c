@@ -101,11 +101,13 @@ static const uint8_t *input_at(const struct call *c, uint64_t element)
     return (const uint8_t *)c->args.input + offset * c->wire_bytes;
 }
 
-/* In place, a chunk's original goes to the scratch before the tensor changes: read from there
- * as our input once saved, and put back if the call fails (restore_originals). Sending a chunk
- * saves it too, so the tensor is read once for both while it is in cache. The chunks after it
- * in its block go with it while they are unsaved (so unchanged): one copy of up to 64 KiB, not
- * one per MTU-sized chunk. */
+/* In place, a chunk's original goes to the scratch before the tensor changes, to be put back
+ * if the call fails (restore_originals); nothing else reads it, so the copy bypasses the cache.
+ * Until the chunk changes (SCRATCH_VALID) the tensor itself holds our input. Sending a chunk
+ * saves it too, so the tensor is read once for both and sent from the cache. The chunks after
+ * it in its block go with it while they are unsaved (so unchanged): one copy of up to 64 KiB,
+ * not one per MTU-sized chunk. 2 ranks, loopback, 64 MiB: a cached save that the send and the
+ * sum then read cost a read of the scratch from memory on top, and evicted the tensor. */
 static void save_original(struct call *c, uint32_t block, uint32_t chunk)
 {
     uint64_t base = c->chunk_base[block];
@@ -119,15 +121,12 @@ static void save_original(struct call *c, uint32_t block, uint32_t chunk)
         end++;
     } while (end < chunks && bytes < SAVE_AHEAD_BYTES && !(c->chunk_flags[base + end] & ORIGINAL_SAVED));
     uint64_t first = chunk_first_element(c, block, chunk);
-    memcpy(c->saved + first * c->wire_bytes, c->accum + first * c->wire_bytes, bytes);
-}
-
-/* Our input for a chunk: the caller's, or in place its saved copy once there is one. */
-static const uint8_t *original_at(const struct call *c, uint64_t id, uint64_t first)
-{
-    if (c->in_place && (c->chunk_flags[id] & ORIGINAL_SAVED))
-        return c->saved + first * c->wire_bytes;
-    return input_at(c, first);
+    uint8_t *to = c->saved + first * c->wire_bytes;
+    const uint8_t *from = c->accum + first * c->wire_bytes;
+    if (bytes >= UNCACHED_MIN_BYTES)
+        udt_copy_uncached(to, from, bytes);
+    else
+        memcpy(to, from, bytes);
 }
 
 static int reduces(const struct call *c) { return c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER; }
@@ -371,7 +370,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         const void *payload;
         if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
             save_original(c, block, chunk);
-            payload = original_at(c, id, first); /* our own input, untouched */
+            payload = input_at(c, first); /* our own input, untouched (in place: the tensor, unchanged) */
         } else if (identity) {
             payload = c->accum + first * c->accum_bytes;
         } else {
@@ -545,13 +544,17 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     uint8_t *target = c->accum + first * c->accum_bytes;
     save_original(c, block, h->chunk_index);
     if (step->recv_mode == UDT_RECV_OVERWRITE) {
-        udt_unpack(c->args.dtype, target, payload, elements);
+        uint64_t bytes = elements * c->wire_bytes;
+        if (c->in_place && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
+            udt_copy_uncached(target, payload, bytes); /* final: next read by the caller, after the call */
+        else
+            udt_unpack(c->args.dtype, target, payload, elements);
         c->final_count[id] = h->contributions;
     } else {
-        if (c->chunk_flags[id] & SCRATCH_VALID)
+        if ((c->chunk_flags[id] & SCRATCH_VALID) || c->in_place) /* in place an unchanged chunk is our input */
             udt_add(c->args.dtype, target, payload, elements);
         else
-            udt_add_into(c->args.dtype, target, original_at(c, id, first), payload, elements);
+            udt_add_into(c->args.dtype, target, input_at(c, first), payload, elements);
         c->rs_count[id] = (uint16_t)(c->rs_count[id] + h->contributions);
     }
     c->chunk_flags[id] |= SCRATCH_VALID;
@@ -1290,13 +1293,17 @@ static int prepare(struct udt_comm *comm, struct call *c)
         return fail(comm, UDT_ERR_INVALID_ARGUMENT, "no schedule for this collective and algorithm");
     memset(c->state, 0, (size_t)steps * sizeof(struct step_state));
     memset(c->arrival_bits, 0, (size_t)steps * c->bitmap_bytes);
-    uint32_t receives_after = 0;
+    uint32_t receives_after = 0, *sent_later = comm->block_scratch;
+    memset(sent_later, 0, n * sizeof *sent_later);
     for (uint32_t g = steps; g-- > 0;) {
         c->state[g].receives_after = receives_after;
         if (c->step[g].recv_peer != UDT_NO_PEER) {
             c->state[g].expected = chunks_in_block(c, c->step[g].recv_block);
+            c->state[g].relayed = sent_later[c->step[g].recv_block] != 0;
             receives_after++;
         }
+        if (c->step[g].send_peer != UDT_NO_PEER)
+            sent_later[c->step[g].send_block] = 1;
     }
 
     /* an allreduce in place accumulates in the caller's tensor and saves originals in the
@@ -1604,6 +1611,7 @@ static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
 {
     struct call *c = &comm->call;
     struct udt_collective_stats *st = c->stats;
+    udt_uncached_fence(); /* the saves and final values are in memory before the caller (or a stripe) reads */
     note_transport_counters(comm);
     st->mismatched_rank = c->mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
@@ -1636,6 +1644,7 @@ int udt_call_finish(struct udt_comm *comm, uint64_t now)
  * made it moot (striped.c), or its transport failed. */
 static int abandon_call(struct udt_comm *comm, int status)
 {
+    udt_uncached_fence();
     comm->call.phase = PHASE_IDLE;
     restore_originals(&comm->call);
     note_transport_counters(comm);

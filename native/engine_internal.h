@@ -14,6 +14,7 @@
 #endif
 #define RECV_BATCH 16
 #define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy at most this long (save_original) */
+#define UNCACHED_MIN_BYTES 4096u /* shorter copies store through the cache (a partial line streamed costs more) */
 #define LATE_DRAIN_BATCHES 1024 /* past the hard deadline: batches read before deciding (udt_call_progress) */
 
 /* per-chunk flags */
@@ -78,6 +79,7 @@ struct step_state {
     uint32_t seen_end;   /* one past the highest chunk index received */
     uint32_t receives_after; /* receiving steps after this one */
     uint8_t closed;
+    uint8_t relayed;     /* a later step sends the block this one receives (a ring's gather) */
     /* sending side of the step */
     uint8_t send_done, send_counted;
     uint32_t sent_chunk;     /* next chunk to hand out */

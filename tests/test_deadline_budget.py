@@ -25,14 +25,17 @@ def test_loss_beyond_budget_raises_and_keeps_the_input():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-@pytest.mark.parametrize("in_place_min_bytes, in_place", [(0, True), (1 << 40, False)])
-def test_a_failed_allreduce_puts_back_the_very_bytes(dtype, in_place_min_bytes, in_place):
+@pytest.mark.parametrize("in_place_min_bytes, in_place, chunk_bytes, count",
+                         [(0, True, 64, 3000), (0, True, 8192, 30000), (1 << 40, False, 64, 3000)])
+def test_a_failed_allreduce_puts_back_the_very_bytes(dtype, in_place_min_bytes, in_place, chunk_bytes, count):
     """In place, an allreduce works in the caller's tensor and saves each chunk's original before
-    its first write; otherwise it sums in the scratch. When it fails after data arrived and was
+    its first write (with stores that bypass the cache, as are final values of 4 KiB and more:
+    the 8 KiB chunks); otherwise it sums in the scratch. When it fails after data arrived and was
     summed in (loss beyond a zero budget), every byte comes back either way: NaN payloads, -0.0
     and subnormals included."""
-    cluster = get_cluster(LOSSY_WORLD, in_place_min_bytes=in_place_min_bytes, **LOSSY)
-    for same, error in cluster.run(tasks.allreduce_restoring_bytes, 3000, dtype, 0.0, 5.0):
+    options = dict(LOSSY, chunk_bytes=chunk_bytes)
+    cluster = get_cluster(LOSSY_WORLD, in_place_min_bytes=in_place_min_bytes, **options)
+    for same, error in cluster.run(tasks.allreduce_restoring_bytes, count, dtype, 0.0, 5.0):
         assert isinstance(error, ud_transport.LossBudgetExceeded), repr(error)
         assert error.stats.datagrams_received > 0, error.stats  # summed in before the verdict
         assert error.stats.in_place is in_place, error.stats

@@ -16,9 +16,11 @@ COUNT = 3000  # float32: 12000 bytes
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-@pytest.mark.parametrize("in_place_min_bytes, in_place", [(0, True), (1 << 40, False)])
-def test_both_paths_give_the_exact_sum(world, dtype, in_place_min_bytes, in_place):
-    cluster = get_cluster(world, chunk_bytes=512, in_place_min_bytes=in_place_min_bytes)
+@pytest.mark.parametrize("in_place_min_bytes, in_place, chunk_bytes", [(0, True, 512), (0, True, 8192), (1 << 40, False, 512)])
+def test_both_paths_give_the_exact_sum(world, dtype, in_place_min_bytes, in_place, chunk_bytes):
+    """8 KiB chunks: in place, the final values a rank does not relay go to the tensor with
+    stores that bypass the cache (payloads of at least 4 KiB); 512 bytes: through the cache."""
+    cluster = get_cluster(world, chunk_bytes=chunk_bytes, in_place_min_bytes=in_place_min_bytes)
     for result, stats in cluster.run(tasks.allreduce_values, COUNT, dtype, "sum"):
         assert stats.in_place is in_place, stats
         np.testing.assert_array_equal(result, expected_allreduce(world, COUNT).astype(dtype))
