@@ -545,7 +545,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     save_original(c, block, h->chunk_index);
     if (step->recv_mode == UDT_RECV_OVERWRITE) {
         uint64_t bytes = elements * c->wire_bytes;
-        if (c->in_place && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
+        if (c->final_uncached && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
             udt_copy_uncached(target, payload, bytes); /* final: next read by the caller, after the call */
         else
             udt_unpack(c->args.dtype, target, payload, elements);
@@ -1316,6 +1316,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
     c->stats->in_place = c->in_place;
     c->direct_output = a->direct_output && gathers(c) && !reduces(c) && c->accum_bytes == c->wire_bytes;
     c->accum = c->in_place || c->direct_output ? (uint8_t *)a->output : comm->scratch;
+    c->final_uncached = (c->in_place || c->direct_output) && a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
     c->saved = comm->scratch;
     c->rs_count = (uint16_t *)comm->chunk_state;
     c->final_count = c->rs_count + total_chunks;

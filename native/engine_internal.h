@@ -111,6 +111,8 @@ struct call {
     uint8_t in_place;            /* an allreduce whose input is its output: the tensor accumulates, each
                                   * chunk's original saved in the scratch before its first write */
     uint8_t *saved;              /* in place: the originals (the scratch) */
+    uint8_t final_uncached;      /* the output is the caller's and too large for the cache: final values
+                                  * no later step sends go there with stores that bypass it */
     uint32_t recv_step;          /* lowest receive step not yet closed */
     uint64_t step_deadline_ns;
     uint64_t step_opened_ns;     /* when recv_step became the step we wait on (or everyone was heard) */

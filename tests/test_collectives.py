@@ -75,17 +75,21 @@ def test_sixteen_ranks_exact(algorithm):
         assert stats.delivered_fraction == 1.0
 
 
-def lossy(world=4, loss=0.1):
-    return get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(loss, seed=11))
+def lossy(world=4, loss=0.1, chunk_bytes=32, **options):
+    return get_cluster(world, chunk_bytes=chunk_bytes, inject=ud_transport.Bernoulli(loss, seed=11), **options)
 
 
-@pytest.mark.parametrize("direct_output", [False, True])  # True: chunks written as they arrive, no copy at the end
+# direct_output: chunks written into the output as they arrive, no copy at the end; with 8 KiB
+# chunks and an output counted as larger than the cache (in_place_min_bytes 0), the final
+# values no later step relays go there with stores that bypass the cache
+@pytest.mark.parametrize("direct_output, chunk_bytes, count", [(False, 32, 480), (True, 32, 480), (True, 8192, 40960)])
 @pytest.mark.parametrize("kind", ["all_gather", "broadcast"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_stale_chunks_keep_their_old_value_bit_for_bit(kind, algorithm, direct_output):
-    world, count, calls = 4, 480, 20
-    chunk = 32 // 4
-    per_rank = lossy().run(tasks.lossy_gathers, count, calls, algorithm, kind, direct_output)
+def test_stale_chunks_keep_their_old_value_bit_for_bit(kind, algorithm, direct_output, chunk_bytes, count):
+    world, calls = 4, 20
+    chunk = chunk_bytes // 4
+    options = {"in_place_min_bytes": 0} if chunk_bytes > 32 else {}
+    per_rank = lossy(chunk_bytes=chunk_bytes, **options).run(tasks.lossy_gathers, count, calls, algorithm, kind, direct_output)
     stale_seen = 0
     for call in range(calls):
         old = np.full(count, -1000.0 - call, dtype=np.float32)
