@@ -53,6 +53,16 @@ def test_by_default_a_tensor_smaller_than_the_cache_sums_in_the_scratch():
         assert stats.in_place is False, stats
 
 
+def test_by_default_ranks_on_one_machine_split_its_cache():
+    """Each of two ranks on this machine sums in place from its half of the cache up: the ranks on
+    one machine share its cache, each with a tensor and a scratch of its own."""
+    for ranks_here, at_the_share, below_it in get_cluster(2).run(tasks.in_place_at_cache_share):
+        assert ranks_here == 2
+        assert (at_the_share, below_it) == (True, False)
+    assert options_module.build().resolved_in_place_min_bytes(2) == cpu_cache.largest_cache_bytes() // 2
+    assert options_module.build(in_place_min_bytes=4096).resolved_in_place_min_bytes(2) == 4096  # set: as set
+
+
 def test_the_largest_cache_is_read_from_sysfs(tmp_path):
     for index, size in enumerate(["32K", "512K", "32768K", "garbage"]):
         (tmp_path / f"index{index}").mkdir()

@@ -66,6 +66,15 @@ def test_ranks_of_other_groups_on_the_machine_count_too():
     assert agreed(("m", SIXTEEN, None, "", 1), ("m", SIXTEEN, None, "", 1)) == 4  # fewer than seen: the records count
 
 
+def test_the_ranks_sharing_a_rank_s_machine_are_counted_from_the_records():
+    """What splits the cache for the in-place threshold: the records on the rank's machine, or
+    LOCAL_WORLD_SIZE's count where torchrun started more there than this group holds."""
+    records = [("a", SIXTEEN), ("b", SIXTEEN), ("a", SIXTEEN), ("a", SIXTEEN)]
+    assert [stripe_choice.ranks_sharing_machine(records, rank) for rank in range(4)] == [3, 1, 3, 3]
+    subgroup = [("a", SIXTEEN, None, "", 8), ("b", SIXTEEN, None, "", 0)]
+    assert [stripe_choice.ranks_sharing_machine(subgroup, rank) for rank in range(2)] == [8, 1]
+
+
 def test_records_survive_the_rendezvous_encoding():
     for record in (("boot-id", [0, 3, 17], None, "", 0), ("host:x", [5], 2.5, "34:1029", 8), ("m", [], None, "", 0),
                    ("m", list(range(192)), None, "", 0)):

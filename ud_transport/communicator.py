@@ -111,6 +111,9 @@ class Communicator:
     stripes : int
         The sockets and threads a large allreduce or broadcast runs on: ``options.stripes``, or
         what "auto" agreed on at the rendezvous (the same on every rank; 1 on verbs).
+    ranks_on_this_machine : int
+        Ranks of this communicator on this rank's machine (its own included; more where
+        torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
 
     Raises
     ------
@@ -149,8 +152,10 @@ class Communicator:
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,
                                               self.transport_name)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
-        if stripes == "auto":
-            stripes = self._agree_on_stripes(prefix, timeout)
+        machines = self._exchange_machines(prefix, timeout)
+        if stripes == "auto":  # every rank takes the same count from the same records; verbs runs one
+            stripes = stripe_choice.agreed_stripes(machines) if self.transport_name == "udp" else 1
+        self.ranks_on_this_machine = stripe_choice.ranks_sharing_machine(machines, rank)
         self.stripes = stripes  # sockets and threads a large allreduce or broadcast runs on
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
@@ -169,14 +174,12 @@ class Communicator:
                  self.chunk_bytes, self.window_bytes, f" ({self.transport_description})" if self.transport_description else "",
                  f", {stripes} stripes (window each)" if stripes > 1 else "")
 
-    def _agree_on_stripes(self, prefix, timeout):
-        """stripes="auto": every rank publishes its machine and CPUs, and all take the same count
-        from the same records (stripe_choice). Verbs runs one stripe."""
-        if self.transport_name != "udp":
-            return 1
+    def _exchange_machines(self, prefix, timeout):
+        """Every rank's machine and CPUs (stripe_choice.Record), in rank order: what stripes="auto"
+        and the in-place threshold (a share of the cache the ranks on one machine split) go by."""
         mine = stripe_choice.encode(stripe_choice.this_process())
         everyone = rendezvous.exchange(self.store, f"{prefix}/cores", self.rank, self.world_size, mine, timeout)
-        return stripe_choice.agreed_stripes([stripe_choice.decode(record) for record in everyone])
+        return [stripe_choice.decode(record) for record in everyone]
 
     def _open_stripes(self, endpoints, bind, options, prefix, timeout, stripes):
         """Open this rank's sockets (one per stripe) into `endpoints`, meet the other ranks' and
@@ -217,7 +220,7 @@ class Communicator:
         try:
             for endpoint, everyone in zip(endpoints, addresses):
                 engine = _native.Engine(endpoint, rank, world_size, self.session_id,
-                                        options.engine_options(chunk_bytes, self.window_bytes))
+                                        options.engine_options(chunk_bytes, self.window_bytes, self.ranks_on_this_machine))
                 self._stripes.append(engine)
                 engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:

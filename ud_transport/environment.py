@@ -31,7 +31,7 @@ VARIABLES = (
     Variable("UD_STRIPES", (("option", "stripes"),), "auto",
              "UDP: sockets and threads per rank a large allreduce or broadcast is split over; auto = each rank's share of its machine's cores, 1 to 4"),
     Variable("UD_IN_PLACE_MIN_BYTES", (("option", "in_place_min_bytes"),), "-1",
-             "an allreduce at least this large sums in the caller's tensor; -1 = the CPU's largest cache (at most 32 MiB per CPU sharing it), 0 = every one"),
+             "an allreduce at least this large sums in the caller's tensor; -1 = this rank's share of the CPU's largest cache (at most 32 MiB per CPU sharing it, split among the ranks on the machine), 0 = every one"),
     Variable("UD_TRANSPORT", (("backend", "transport"),), "auto",
              "udp, verbs or auto (verbs when an RDMA port is active); overrides the transport argument"),
     Variable("UD_ON_BUDGET_MISS", (("backend", "on_budget_miss"),), "use", "c10d backend: use, skip or raise when a call misses its budget"),

@@ -53,9 +53,9 @@ def gather(device=None):
             report["choice_problem"] = str(error)
     report["udp"] = udp_report()
     settings = options.build()
-    report["in_place_min_bytes"] = settings.resolved_in_place_min_bytes()
-    report["stripes_option"] = settings.stripes  # "auto" or a count
     report["ranks_here"] = ranks_here()
+    report["in_place_min_bytes"] = settings.resolved_in_place_min_bytes(report["ranks_here"])
+    report["stripes_option"] = settings.stripes  # "auto" or a count
     report["stripes"] = stripes_here(settings)
     report["cores"] = len(os.sched_getaffinity(0))  # what this process may run on (a container's share)
     report["transports"] = availability(report["udp"])
@@ -160,7 +160,8 @@ def render(report, out):
                   "would give the socket what it asks", file=out)
     print(f"allreduce sums in the caller's tensor from {report['in_place_min_bytes']} bytes up, in the scratch below "
           "(in_place_min_bytes / UD_IN_PLACE_MIN_BYTES; by default the CPU's largest cache, counting at most "
-          f"{cpu_cache.MAX_CACHE_PER_CPU_BYTES >> 20} MiB per CPU sharing it)", file=out)
+          f"{cpu_cache.MAX_CACHE_PER_CPU_BYTES >> 20} MiB per CPU sharing it, split among the "
+          f"{report['ranks_here']} rank{'s' if report['ranks_here'] > 1 else ''} on this machine)", file=out)
     stripes = report["stripes"]
     print(f"allreduce and broadcast of {options.STRIPE_MIN_BYTES} bytes per stripe and more run on {stripes} "
           f"stripe{'s' if stripes > 1 else ''} (stripes / UD_STRIPES), with {report['cores']} cores available to this "

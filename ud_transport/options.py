@@ -132,8 +132,9 @@ class Options:
         An allreduce of a tensor at least this many bytes sums in the caller's tensor, saving
         each chunk's original before its first change (put back if the call fails); a smaller
         one sums in the communicator's scratch and copies the result out at the end. -1 takes
-        the size of the CPU's largest cache (``ud_transport.cpu_cache``; at most 32 MiB per CPU
-        sharing it, since a VM lists its host's whole cache): in cache the copy at the end is
+        this rank's share of the CPU's largest cache (``ud_transport.cpu_cache``; at most 32 MiB
+        per CPU sharing it, since a VM lists its host's whole cache), split evenly among the
+        ranks on its machine (as the rendezvous counts them): in cache the copy at the end is
         cheaper, beyond it summing in place saves cache misses. 0: every allreduce
         in place. Either way the tensor holds the result after a successful call and its
         original values after a failed one. ``UD_IN_PLACE_MIN_BYTES``.
@@ -203,18 +204,22 @@ class Options:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
 
-    def engine_options(self, chunk_bytes, window_bytes=None):
-        """The options the C engine takes, by field name (window_bytes: as fitted to the transport's buffers)."""
+    def engine_options(self, chunk_bytes, window_bytes=None, ranks_here=1):
+        """The options the C engine takes, by field name (window_bytes: as fitted to the transport's
+        buffers; ranks_here: the ranks sharing this machine, and so its cache)."""
         return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or credit_window_bytes(self.window_bytes, chunk_bytes),
                 "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
                 "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000),
-                "in_place_min_bytes": self.resolved_in_place_min_bytes()}
+                "in_place_min_bytes": self.resolved_in_place_min_bytes(ranks_here)}
 
-    def resolved_in_place_min_bytes(self):
-        """in_place_min_bytes with -1 replaced by the size of the CPU's largest cache."""
-        return cpu_cache.largest_cache_bytes() if self.in_place_min_bytes == -1 else self.in_place_min_bytes
+    def resolved_in_place_min_bytes(self, ranks_here=1):
+        """in_place_min_bytes with -1 replaced by this rank's share of the CPU's largest cache: the
+        ranks on one machine share it (ranks_here of them), each with its tensors and scratch."""
+        if self.in_place_min_bytes != -1:
+            return self.in_place_min_bytes
+        return cpu_cache.largest_cache_bytes() // max(1, ranks_here)
 
 
 def check_copies(copies):

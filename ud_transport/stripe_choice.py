@@ -156,7 +156,7 @@ def agreed_stripes(records):
         machines.setdefault(record.machine, []).append(record)
     shares = []
     for neighbours in machines.values():
-        ranks_here = max(len(neighbours), *(other.local_ranks for other in neighbours))
+        ranks_here = _ranks_among(neighbours)
         even_share = len(set().union(*(other.cpus for other in neighbours))) // ranks_here
         under_quota = Counter(other.quota_owner for other in neighbours)
         for mine in neighbours:
@@ -165,6 +165,17 @@ def agreed_stripes(records):
                 share = min(share, int(mine.cpu_limit // under_quota[mine.quota_owner]))
             shares.append(share)
     return max(1, min(AUTO_MAX_STRIPES, *shares))
+
+
+def _ranks_among(neighbours):
+    """How many ranks share the machine of these records: theirs, or LOCAL_WORLD_SIZE's if more."""
+    return max(len(neighbours), *(other.local_ranks for other in neighbours))
+
+
+def ranks_sharing_machine(records, rank):
+    """How many ranks (rank's own included) run on the machine of `rank`'s record."""
+    records = [Record(*record) for record in records]
+    return _ranks_among([other for other in records if other.machine == records[rank].machine])
 
 
 def stripes_alone(ranks_here):
