@@ -8,7 +8,9 @@ slower than 1 for 2 ranks; on a 16-core machine (loopback, and MTU 1500 on veth 
 
 Ranks on one machine share its cores: the rendezvous tells each rank which ranks run on the same
 kernel (its boot id, which every network namespace and container on that kernel shares) and
-which CPUs they may run on. Every rank computes the same number from the same records.
+which CPUs they may run on. Every rank computes the same number from the same records. The same
+records count the ranks that share a machine's cache (ranks_sharing_machine: the in-place
+threshold, options.py).
 """
 import os
 import socket
