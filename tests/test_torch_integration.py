@@ -33,8 +33,10 @@ def test_at_no_loss_ddp_on_ud_the_hook_and_two_stage_equal_ddp_on_gloo(world):
 
 def test_c10d_collectives_on_ud_match_gloo_and_unsupported_ones_say_so():
     """all_gather_into_tensor, reduce_scatter_tensor, all_gather,
-    reduce_scatter, all_reduce (SUM/AVG/MAX, float and int64), broadcast and
-    barrier on a "ud" group give what Gloo gives, on every rank; send raises
+    reduce_scatter, all_reduce (SUM/AVG/MAX, float and int64), broadcast,
+    barrier, and the composite ones (reduce, gather, scatter, all_to_all_single
+    with even and uneven splits, all_to_all, gather_object, scatter_object_list)
+    on a "ud" group give what Gloo gives, on every rank; send raises
     NotImplementedError naming itself."""
     per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.c10d_collectives, tag())
     for rank, results in enumerate(per_rank):
@@ -51,13 +53,22 @@ def test_the_edges_a_user_met_on_a_ud_group():
     source is only read, so a read-only one is fine); UD_INJECT was
     ignored by the c10d backend; a destroyed group's collective waited forever, and the group
     kept its store (checked here only as the reference let go: the helper's reproducer, the next
-    group's rendezvous reading the old one's addresses, is not run)."""
+    group's rendezvous reading the old one's addresses, is not run). Also all-to-all's split
+    sizes: a disagreement between ranks, seen only in the exchanged table, is the same error on
+    every rank (none waits for a call the others left); rows that do not split evenly are refused
+    before anything is sent. A reduce leaves the tensors of ranks other than the root as they were
+    (Gloo's leave partial sums there)."""
     for rank, out in enumerate(get_cluster(2, chunk_bytes=256).run(torch_tasks.c10d_edges, tag())):
         torch.testing.assert_close(out["MAX into a Parameter"], torch.tensor([2.0, 0.0]), rtol=0, atol=0)
         torch.testing.assert_close(out["SUM then broadcast into a view of a Parameter"],
                                    torch.arange(6.0).reshape(2, 3) * 3 + 1, rtol=0, atol=1e-6)
         assert "all_gather_into_tensor on 'ud': the output has 7 elements" in out["all_gather_into_tensor, an output of 7 for 2 x 3"]
         assert "all_gather on 'ud' needs 2 outputs" in out["all_gather, one output for 2 ranks"]
+        assert out["all_to_all_single, splits that disagree"] == ("all_to_all_single on 'ud': rank 0 sends 2 rows to "
+                                                                  "rank 0, which expects 1")
+        assert "input has 5 rows, not a multiple of 2 ranks" in out["all_to_all_single, 5 rows for 2 ranks"]
+        expected = torch.tensor([3.0, 6.0]) if rank == 0 else torch.tensor([2.0, 4.0])
+        torch.testing.assert_close(out["reduce: the root's sum, the others' own"], expected, rtol=0, atol=0)
         torch.testing.assert_close(out["exact complex sum"], torch.tensor([3 + 6j, 9 - 3j], dtype=torch.complex64))
         assert "read-only" in out["exact.allreduce of a read-only array"]
         assert "read-only" in out["exact.all_gather into a read-only array"]

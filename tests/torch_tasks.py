@@ -110,13 +110,50 @@ def c10d_collectives(comm, tag):
             dist.barrier(group=group)
             out[name] = dict(all_gather_into_tensor=gathered, reduce_scatter_tensor=scattered,
                              all_gather=torch.stack(pieces), reduce_scatter=listed, integers=integers,
-                             broadcast=broadcast, **{f"all_reduce_{op}": t for op, t in sums.items()})
+                             broadcast=broadcast, **{f"all_reduce_{op}": t for op, t in sums.items()},
+                             **composite_collectives(group, n, r))
         try:
             dist.send(torch.zeros(1), dst=(r + 1) % n, group=groups["ud"])
             out["send"] = "no error"
         except NotImplementedError as error:
             out["send"] = str(error)
     return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]} | {"send": out["send"]}
+
+
+def composite_collectives(group, n, r):
+    """reduce, gather, scatter, all_to_all_single (even and uneven splits), all_to_all and the
+    object collectives on `group`: {name: tensor} to compare across backends."""
+    out = {}
+    reduced = torch.tensor([r + 0.5, -r * 2.0])
+    dist.reduce(reduced, dst=1, op=dist.ReduceOp.SUM, group=group)
+    out["reduce at the root"] = reduced if r == 1 else torch.zeros(0)  # elsewhere Gloo leaves partial sums
+    gathered = [torch.full((2, 2), -1, dtype=torch.int64) for _ in range(n)] if r == 0 else None
+    dist.gather(torch.tensor([[r, r + 1], [r * r, 7]]), gathered, dst=0, group=group)
+    out["gather"] = torch.stack(gathered) if r == 0 else torch.zeros(0)
+    piece = torch.full((3,), -1.0)
+    dist.scatter(piece, [torch.arange(3.0) + 10 * k for k in range(n)] if r == n - 1 else None, src=n - 1, group=group)
+    out["scatter"] = piece
+    even = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) + 100 * r
+    received = torch.empty_like(even)
+    dist.all_to_all_single(received, even, group=group)
+    out["all_to_all_single, even"] = received
+    # rank i sends i + j + 1 rows of width 2 to rank j (so receives j + i + 1 from rank j)
+    sends = [r + j + 1 for j in range(n)]
+    source = torch.arange(sum(sends) * 2, dtype=torch.int64).reshape(-1, 2) + 1000 * r
+    uneven = torch.empty((sum(j + r + 1 for j in range(n)), 2), dtype=torch.int64)
+    dist.all_to_all_single(uneven, source, output_split_sizes=[j + r + 1 for j in range(n)],
+                           input_split_sizes=sends, group=group)
+    out["all_to_all_single, uneven"] = uneven
+    outputs = [torch.empty(2) for _ in range(n)]  # Gloo's takes equal sizes only
+    dist.all_to_all(outputs, [torch.tensor([10.0 * r + j, -j]) for j in range(n)], group=group)
+    out["all_to_all"] = torch.cat(outputs)
+    objects = [None] * n if r == 0 else None
+    dist.gather_object({"rank": r, "name": "x" * r}, objects, dst=0, group=group)
+    out["gather_object"] = torch.tensor([len(o["name"]) + o["rank"] for o in objects]) if r == 0 else torch.zeros(0)
+    chosen = [None]
+    dist.scatter_object_list(chosen, [f"piece {k}" * (k + 1) for k in range(n)] if r == 0 else None, src=0, group=group)
+    out["scatter_object_list"] = torch.tensor([len(chosen[0])])
+    return out
 
 
 def backend_wait_raises(comm, tag, budget):
@@ -419,12 +456,21 @@ def c10d_edges(comm, tag):
                 "all_gather_into_tensor, an output of 7 for 2 x 3": lambda: dist.all_gather_into_tensor(
                     torch.empty(7), torch.zeros(3), group=group),
                 "all_gather, one output for 2 ranks": lambda: dist.all_gather([torch.empty(3)], torch.zeros(3), group=group),
+                # found only in the exchanged split table: every rank raises the same error
+                "all_to_all_single, splits that disagree": lambda: dist.all_to_all_single(
+                    torch.empty(3), torch.zeros(3), output_split_sizes=[1, 2],
+                    input_split_sizes=[2, 1] if comm.rank == 0 else [1, 2], group=group),
+                "all_to_all_single, 5 rows for 2 ranks": lambda: dist.all_to_all_single(
+                    torch.empty(5), torch.zeros(5), group=group),
         }.items():
             try:
                 call()
                 out[name] = "no error"
             except ValueError as error:
                 out[name] = str(error)
+        kept = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
+        dist.reduce(kept, dst=0, group=group)
+        out["reduce: the root's sum, the others' own"] = kept
         complex_values = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (comm.rank + 1)
         exact.allreduce(comm, complex_values)
         out["exact complex sum"] = complex_values

@@ -22,7 +22,7 @@ from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded
 from ..tensors import op_name
-from . import _common, policy
+from . import _common, composite, policy
 from ._worker import SerialWorker
 
 LOSSY_KINDS = ("allreduce", "reduce_scatter")
@@ -103,8 +103,9 @@ class BackendOptions:
 def _unsupported(name):
     def method(self, *args, **kwargs):
         """Not implemented by the "ud" backend: raises NotImplementedError naming itself."""
-        raise NotImplementedError(f"the 'ud' backend does not implement {name}; supported: allreduce, broadcast, "
-                                  "allgather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
+        raise NotImplementedError(f"the 'ud' backend does not implement {name} (it has no point-to-point); "
+                                  "supported: allreduce, broadcast, allgather, all_gather_into_tensor, reduce_scatter, "
+                                  "reduce_scatter_tensor, barrier, reduce, gather, scatter, all_to_all, all_to_all_single")
     method.__name__ = name
     return method
 
@@ -116,8 +117,10 @@ class ProcessGroupUD(dist.ProcessGroup):
     allreduce and reduce_scatter of floating SUM/AVG tensors are lossy within
     ``BackendOptions.loss_budget``; broadcast, allgather, all_gather_into_tensor, integer and
     MAX/MIN reductions and barrier are exact (repeated until complete, never retransmitted per
-    datagram). Collectives run in issue order on a worker thread; ``Work.wait()`` raises a
-    collective's error. Others raise NotImplementedError.
+    datagram). reduce, gather, scatter and all-to-all are exact too, built from those
+    (``ud_transport.torch.composite``: every rank receives the bytes of a gather or all-to-all, not
+    only their addressee). Collectives run in issue order on a worker thread; ``Work.wait()``
+    raises a collective's error. send and recv raise NotImplementedError.
 
     Parameters
     ----------
@@ -347,14 +350,81 @@ class ProcessGroupUD(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._worker.submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
 
+    # -- built from the exact collectives (composite.py: exact, but not economical) ------
+
+    def reduce(self, tensors, opts=None):
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        root = opts.rootRank if opts is not None else 0
+
+        def run():
+            for tensor in tensors:
+                self.exact_calls += 1
+                composite.reduce(self.communicator, tensor, op, root, self.config.deadline)
+        return self._worker.submit(run, tensors)
+
+    def gather(self, output_lists, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        on_root = self.rank() == root
+        if on_root:
+            for outputs, shard in zip(output_lists, input_tensors):
+                if len(outputs) != self.size() or any(o.numel() != shard.numel() or o.dtype != shard.dtype
+                                                      for o in outputs):
+                    raise ValueError(f"gather on 'ud' needs {self.size()} outputs of {shard.numel()} {shard.dtype} "
+                                     f"elements on the root (one per rank), got {[o.numel() for o in outputs]}")
+
+        def run():
+            for index, shard in enumerate(input_tensors):
+                self.exact_calls += 1
+                composite.gather(self.communicator, output_lists[index] if on_root else [], shard, root,
+                                 self.config.deadline)
+        return self._worker.submit(run, [t for outputs in output_lists for t in outputs] if on_root else list(input_tensors))
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        on_root = self.rank() == root
+        if on_root:
+            for output, pieces in zip(output_tensors, input_lists):
+                composite.check_scatter_pieces(pieces, output, self.size())
+
+        def run():
+            for index, output in enumerate(output_tensors):
+                self.exact_calls += 1
+                composite.scatter(self.communicator, output, input_lists[index] if on_root else [], root,
+                                  self.config.deadline)
+        return self._worker.submit(run, output_tensors)
+
+    def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
+        composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
+
+        def run():
+            self.exact_calls += 1
+            composite.all_to_all(self.communicator, output, source, output_splits, input_splits, self.config.deadline)
+        return self._worker.submit(run, output)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
+            raise ValueError(f"all_to_all on 'ud' needs {self.size()} inputs and {self.size()} outputs, "
+                             f"got {len(input_tensors)} and {len(output_tensors)}")
+        dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
+        if len(dtypes) != 1:
+            raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
+        source = torch.cat([t.reshape(-1) for t in input_tensors])
+        received = torch.empty(sum(t.numel() for t in output_tensors), dtype=source.dtype)
+        output_splits, input_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
+
+        def run():
+            self.exact_calls += 1
+            composite.all_to_all(self.communicator, received, source, output_splits, input_splits, self.config.deadline)
+            for output, piece in zip(output_tensors, received.split(output_splits)):
+                output.copy_(piece.view(output.shape))
+        return self._worker.submit(run, output_tensors)
+
     send = _unsupported("send")
     recv = _unsupported("recv")
     recv_anysource = _unsupported("recv_anysource")
-    alltoall = _unsupported("alltoall")
-    alltoall_base = all_to_all_single = _unsupported("all_to_all_single")
-    gather = _unsupported("gather")
-    scatter = _unsupported("scatter")
-    reduce = _unsupported("reduce")
 
     def shutdown(self):
         self._worker.close()

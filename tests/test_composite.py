@@ -1,0 +1,47 @@
+"""ud_transport/torch/composite.py's checks of all-to-all splits, without a cluster: what one rank
+can refuse alone, and the exchanged table every rank judges alike (test_torch_integration runs
+the collectives themselves against Gloo's)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+from ud_transport.torch import composite  # noqa: E402
+
+
+def test_even_splits_are_dim_zero_shared_out():
+    row, sends, receives = composite.plan_all_to_all(torch.empty(6, 2, 3), torch.empty(6, 2, 3), [], [], 3)
+    assert (row, sends, receives) == (6, [2, 2, 2], [2, 2, 2])
+
+
+@pytest.mark.parametrize("output, source, output_splits, input_splits, message", [
+    ((5,), (5,), [], [], "input has 5 rows, not a multiple of 2 ranks"),
+    ((4,), (4,), [], [1, 2], "input_split_sizes [1, 2] must be 2 counts summing to the input's 4 rows"),
+    ((4,), (4,), [5, -1], [], "output_split_sizes [5, -1] must be 2 counts"),
+    ((4,), (4,), [], [1, 1, 2], "input_split_sizes [1, 1, 2] must be 2 counts"),
+    ((4, 3), (4, 2), [], [], "agree past dim 0"),
+    ((), (4,), [], [], "at least one dimension"),
+])
+def test_what_one_rank_refuses_alone(output, source, output_splits, input_splits, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        composite.plan_all_to_all(torch.empty(output), torch.empty(source), output_splits, input_splits, 2)
+
+
+def test_dtypes_must_match():
+    with pytest.raises(ValueError, match="input torch.int64, output torch.float32"):
+        composite.plan_all_to_all(torch.empty(4), torch.zeros(4, dtype=torch.int64), [], [], 2)
+
+
+def test_the_table_pairs_each_send_with_its_receive():
+    # rows: rank's sends to 0, 1 | receives from 0, 1 | elements per row
+    agreeing = torch.tensor([[1, 3, 1, 2, 4], [2, 0, 3, 0, 4]])
+    composite._check_table(agreeing, 2)
+    with pytest.raises(ValueError, match="rank 1 sends 2 rows to rank 0, which expects 1"):
+        composite._check_table(torch.tensor([[1, 3, 1, 1, 4], [2, 0, 3, 0, 4]]), 2)
+    with pytest.raises(ValueError, match=r"rows differ in size \(\[4, 2\] elements\)"):
+        composite._check_table(torch.tensor([[1, 3, 1, 2, 4], [2, 0, 3, 0, 2]]), 2)
+
+
+def test_scatter_pieces_match_the_output():
+    composite.check_scatter_pieces([torch.zeros(3), torch.ones(3)], torch.empty(3), 2)
+    for pieces in ([torch.zeros(3)], [torch.zeros(3), torch.zeros(2)], [torch.zeros(3), torch.zeros(3, dtype=torch.int64)]):
+        with pytest.raises(ValueError, match="scatter on 'ud' needs 2 pieces of 3 torch.float32 elements"):
+            composite.check_scatter_pieces(pieces, torch.empty(3), 2)

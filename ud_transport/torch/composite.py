@@ -1,0 +1,123 @@
+"""The collectives c10d asks for that the engine has no schedule of its own for, built from the
+exact ones: reduce (an exact allreduce whose result only the root keeps), gather (an exact
+all-gather the root keeps), scatter (an exact broadcast of every rank's piece, each keeping its
+own) and all-to-all (an exact all-gather of every rank's whole input, each keeping what is
+addressed to it).
+
+Exact and correct, not economical: every rank receives what only the root (gather) or only its
+addressee (all-to-all) needs, so all-to-all moves world_size times the bytes of a point-to-point
+exchange. Right for metrics, metadata and the object collectives built on these; a model whose
+every step runs all-to-all (mixture of experts) wants point-to-point schedules, which the engine
+does not have.
+
+Each function runs on the backend's worker and is called on every rank of the group alike.
+"""
+import torch
+
+from .. import exact
+
+
+def reduce(comm, tensor, op, root, deadline):
+    """The root's tensor becomes the reduction of every rank's; the others keep theirs."""
+    work = tensor.contiguous() if comm.rank == root else tensor.clone()
+    exact.allreduce(comm, work, op, deadline=deadline)
+    if comm.rank == root and work.data_ptr() != tensor.data_ptr():
+        tensor.copy_(work)
+
+
+def gather(comm, outputs, shard, root, deadline):
+    """outputs (the root's list of world_size tensors, shard-sized) get every rank's shard."""
+    gathered = torch.empty((comm.world_size, shard.numel()), dtype=shard.dtype)
+    exact.all_gather(comm, shard.contiguous().reshape(-1), gathered, deadline=deadline)
+    if comm.rank == root:
+        for rank, output in enumerate(outputs):
+            output.copy_(gathered[rank].view(output.shape))
+
+
+def scatter(comm, output, pieces, root, deadline):
+    """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors)."""
+    if comm.rank == root:
+        stacked = torch.stack([piece.reshape(-1) for piece in pieces])
+    else:
+        stacked = torch.empty((comm.world_size, output.numel()), dtype=output.dtype)
+    exact.broadcast(comm, stacked, root, deadline=deadline)
+    output.copy_(stacked[comm.rank].view(output.shape))
+
+
+def check_scatter_pieces(pieces, output, world_size):
+    """ValueError unless pieces are world_size tensors of output's size and dtype (the root's check)."""
+    if len(pieces) != world_size or any(p.numel() != output.numel() or p.dtype != output.dtype for p in pieces):
+        raise ValueError(f"scatter on 'ud' needs {world_size} pieces of {output.numel()} {output.dtype} elements "
+                         f"(the output's), got {[(p.numel(), p.dtype) for p in pieces]}")
+
+
+def all_to_all(comm, output, source, output_splits, input_splits, deadline):
+    """all_to_all_single: rows of `source` (split along dim 0 by input_splits, evenly if empty) go
+    to the ranks in order; `output` gets each rank's rows for this one, in rank order (its dim 0
+    split by output_splits). The splits of every rank are exchanged first and checked against each
+    other, so every rank takes the same verdict: a mismatch is a ValueError on all of them."""
+    n, rank = comm.world_size, comm.rank
+    row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
+    mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
+    table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
+    exact.all_gather(comm, mine, table, deadline=deadline)
+    _check_table(table, n)
+    widest = int(table[:, :n].sum(dim=1).max()) * row
+    if widest == 0:
+        return
+    padded = torch.zeros(widest, dtype=source.dtype)
+    padded[:source.numel()] = source.reshape(-1)
+    gathered = torch.empty((n, widest), dtype=source.dtype)
+    exact.all_gather(comm, padded, gathered, deadline=deadline)
+    offsets = torch.cumsum(table[:, :n], dim=1) - table[:, :n]  # where each sender's rows for each rank start
+    pieces = [gathered[sender, int(offsets[sender, rank]) * row:int(offsets[sender, rank] + table[sender, rank]) * row]
+              for sender in range(n)]
+    output.copy_(torch.cat(pieces).view(output.shape))
+
+
+def plan_all_to_all(output, source, output_splits, input_splits, world_size):
+    """(elements per row, rows sent to each rank, rows received from each): ValueError for what
+    this rank alone can tell is wrong (checked before the call is queued)."""
+    row = _row_elements(source, output)
+    if source.dtype != output.dtype:
+        raise ValueError(f"all_to_all_single on 'ud': input {source.dtype}, output {output.dtype}")
+    return row, _splits(input_splits, source, world_size, "input"), _splits(output_splits, output, world_size, "output")
+
+
+def _row_elements(source, output):
+    """Elements per dim-0 row: the two tensors must agree on the other dimensions."""
+    if source.dim() == 0 or output.dim() == 0 or source.shape[1:] != output.shape[1:]:
+        raise ValueError(f"all_to_all_single on 'ud' needs tensors of at least one dimension that agree past "
+                         f"dim 0, got input {tuple(source.shape)} and output {tuple(output.shape)}")
+    row = 1
+    for size in source.shape[1:]:
+        row *= size
+    return row
+
+
+def _splits(splits, tensor, world_size, which):
+    """The rows per rank: `splits` as given (world_size counts summing to dim 0), or dim 0 evenly."""
+    rows = tensor.shape[0]
+    if not splits:
+        if rows % world_size:
+            raise ValueError(f"all_to_all_single on 'ud': {which} has {rows} rows, not a multiple of "
+                             f"{world_size} ranks; pass {which}_split_sizes")
+        return [rows // world_size] * world_size
+    splits = [int(count) for count in splits]
+    if len(splits) != world_size or sum(splits) != rows or min(splits) < 0:
+        raise ValueError(f"all_to_all_single on 'ud': {which}_split_sizes {splits} must be {world_size} "
+                         f"counts summing to the {which}'s {rows} rows")
+    return splits
+
+
+def _check_table(table, world_size):
+    """Every rank's sends against their receivers' receives, and the row size; the same on every rank."""
+    rows = table[:, 2 * world_size]
+    if not bool((rows == rows[0]).all()):
+        raise ValueError(f"all_to_all_single on 'ud': the ranks' rows differ in size ({rows.tolist()} elements)")
+    sends, receives = table[:, :world_size], table[:, world_size:2 * world_size]
+    mismatched = (sends != receives.T).nonzero()
+    if len(mismatched):
+        sender, receiver = (int(i) for i in mismatched[0])
+        raise ValueError(f"all_to_all_single on 'ud': rank {sender} sends {int(sends[sender, receiver])} rows to rank "
+                         f"{receiver}, which expects {int(receives[receiver, sender])}")
