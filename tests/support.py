@@ -3,11 +3,13 @@ needs numpy only (the guest does not import torch): the inputs every rank derive
 rank and the exact results they give, a rank task both sides run, the z-score, the
 delivered-fraction model of each schedule (closed forms, checked against an exact enumeration
 over loss patterns and a Monte Carlo in test_loss_models.py), datagrams with a forged source
-address, and the environment a child Python needs to import what this one did.
+address, the environment a child Python needs to import what this one did, and scripts/*.py
+loaded as modules.
 
 Importable wherever tests/ is on sys.path: pytest puts it there for every file under tests/
 (LocalCluster's ranks inherit it, and so does the guest's pytest run, which sees this checkout
 at the same path); a child Python started by a test gets it through child_pythonpath()."""
+import importlib.util
 import itertools
 import os
 import socket
@@ -270,3 +272,12 @@ def spoof(raw, source, destination, payload):
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
                      socket.inet_aton(source[0]), socket.inet_aton(destination[0]))
     raw.sendto(ip + udp, (destination[0], 0))
+
+
+def load_script(name):
+    """scripts/<name>.py as a module (a script, not a package member), for its pure functions."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,19 +1,13 @@
 """scripts/rig_ab.py's arithmetic: builds take turns so neither always runs first, and the summary
 pairs each round's before with the same round's after. The guest runs themselves are not repeated
 here (they need the rig and minutes of TCG)."""
-import importlib.util
-import pathlib
-
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "rig_ab.py"
+from support import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("rig_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rig_ab")
 
 
 def test_builds_take_turns_going_first():

@@ -1,20 +1,14 @@
 """scripts/wire_targets.py judges its rows as the README says: ratios of the same runs, the tail
 target's two halves, and the loss-growth check (1% loss over one in a million on one path).
 Pure arithmetic on made-up rows and runs: the benchmark runs themselves are not repeated here."""
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "wire_targets.py"
+from support import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("wire_targets", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("wire_targets")
 
 
 def row(backend, p50, p99, delivered=100.0):
