@@ -1,6 +1,6 @@
 """Test support shared by the host tests and the SoftRoCE guest's (tests/verbs_guest), so it
 needs numpy only (the guest does not import torch): the inputs every rank derives from its
-rank and the exact results they give, a rank task both sides run, the z-score, the
+rank and the exact results they give, the rank tasks both sides run, the z-score, the
 delivered-fraction model of each schedule (closed forms, checked against an exact enumeration
 over loss patterns and a Monte Carlo in test_loss_models.py), datagrams with a forged source
 address, the environment a child Python needs to import what this one did, and scripts/*.py
@@ -93,6 +93,17 @@ def many_large(comm, count, calls):
 
 
 # ---- statistics ---------------------------------------------------------------------------------
+
+def in_place_at_cache_share(comm):
+    """(ranks on this machine, whether a float32 allreduce of this rank's share of the cache sums in
+    place, whether one of 4 bytes less does)."""
+    from ud_transport import cpu_cache
+
+    count = cpu_cache.largest_cache_bytes() // comm.ranks_on_this_machine // 4
+    at_the_share = comm.allreduce(np.ones(count, dtype=np.float32), deadline=30.0).in_place
+    below_it = comm.allreduce(np.ones(count - 1, dtype=np.float32), deadline=30.0).in_place
+    return comm.ranks_on_this_machine, at_the_share, below_it
+
 
 def standard_error(samples):
     """Standard error of the mean of `samples`."""

@@ -7,7 +7,7 @@ import torch
 
 import support
 import ud_transport
-from support import many_large  # noqa: F401  a task the SoftRoCE guest runs too, so it lives in support
+from support import in_place_at_cache_share, many_large  # noqa: F401  tasks the SoftRoCE guest runs too, so they live in support
 
 
 def rank_values(rank, count, dtype, integer_valued=True):
@@ -86,17 +86,6 @@ def allreduce_restoring_bytes(comm, count, dtype, loss_budget, deadline):
     original = tensor.tobytes()
     error = _allreduce_error(comm, tensor, loss_budget, deadline)
     return tensor.tobytes() == original, error
-
-
-def in_place_at_cache_share(comm):
-    """(ranks on this machine, whether a float32 allreduce of this rank's share of the cache sums in
-    place, whether one of 4 bytes less does)."""
-    from ud_transport import cpu_cache
-
-    count = cpu_cache.largest_cache_bytes() // comm.ranks_on_this_machine // 4
-    at_the_share = comm.allreduce(np.ones(count, dtype=np.float32), deadline=30.0).in_place
-    below_it = comm.allreduce(np.ones(count - 1, dtype=np.float32), deadline=30.0).in_place
-    return comm.ranks_on_this_machine, at_the_share, below_it
 
 
 def address_of(comm):

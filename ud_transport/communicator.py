@@ -113,8 +113,7 @@ class Communicator:
         what "auto" agreed on at the rendezvous (the same on every rank; 1 on verbs).
     ranks_on_this_machine : int
         Ranks of this communicator on this rank's machine (its own included; more where
-        torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous (on verbs LOCAL_WORLD_SIZE
-        alone, else 1): they share its cores and cache.
+        torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
 
     Raises
     ------
@@ -153,13 +152,10 @@ class Communicator:
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,
                                               self.transport_name)
         rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
-        # UDP only: a verbs rank's rendezvous has no such round (peers like the pyverbs one of the
-        # interop test speak it), so there LOCAL_WORLD_SIZE counts the ranks on the machine
-        machines = self._exchange_machines(prefix, timeout) if self.transport_name == "udp" else None
+        machines = self._exchange_machines(prefix, timeout)
         if stripes == "auto":  # every rank takes the same count from the same records; verbs runs one
-            stripes = stripe_choice.agreed_stripes(machines) if machines else 1
-        self.ranks_on_this_machine = (stripe_choice.ranks_sharing_machine(machines, rank) if machines
-                                      else stripe_choice.local_world_size() or 1)
+            stripes = stripe_choice.agreed_stripes(machines) if self.transport_name == "udp" else 1
+        self.ranks_on_this_machine = stripe_choice.ranks_sharing_machine(machines, rank)
         self.stripes = stripes  # sockets and threads a large allreduce or broadcast runs on
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it

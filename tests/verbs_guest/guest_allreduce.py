@@ -16,7 +16,7 @@ import pytest
 
 import ud_transport
 from conftest import skip_or_fail
-from support import expected_allreduce, many_large, rank_values
+from support import expected_allreduce, in_place_at_cache_share, many_large, rank_values
 from ud_transport import _native as native, _verbs as verbs
 from verbs_guest.ranks import run_ranks
 
@@ -87,6 +87,14 @@ def test_large_allreduce_at_full_mtu_delivers_everything():
 
 def describe(comm):
     return comm.transport_name, comm.chunk_bytes
+
+
+def test_verbs_ranks_on_one_machine_split_its_cache():
+    """The verbs rendezvous counts the ranks on a machine as UDP's does (without LOCAL_WORLD_SIZE):
+    each of two sums in place from its half of the guest's cache up, and not 4 bytes below."""
+    for ranks_here, at_the_share, below_it in run_ranks(range(2), 2, store_directory(), in_place_at_cache_share,
+                                                        transport="verbs", **RIG_TIMING):
+        assert (ranks_here, at_the_share, below_it) == (2, True, False)
 
 
 def test_auto_picks_verbs_when_an_rdma_device_is_active():
