@@ -36,8 +36,9 @@ def test_c10d_collectives_on_ud_match_gloo_and_unsupported_ones_say_so():
     reduce_scatter, all_reduce (SUM/AVG/MAX, float and int64), broadcast,
     barrier, and the composite ones (reduce, gather, scatter, all_to_all_single
     with even and uneven splits, all_to_all, gather_object, scatter_object_list)
-    on a "ud" group give what Gloo gives, on every rank; send raises
-    NotImplementedError naming itself."""
+    on a "ud" group give what Gloo gives, on every rank, tensors of no elements
+    too (the exact calls refused them before); send raises NotImplementedError
+    naming itself."""
     per_rank = get_cluster(3, chunk_bytes=256).run(torch_tasks.c10d_collectives, tag())
     for rank, results in enumerate(per_rank):
         assert results.pop("send").startswith("the 'ud' backend does not implement send")
@@ -57,7 +58,8 @@ def test_the_edges_a_user_met_on_a_ud_group():
     sizes: a disagreement between ranks, seen only in the exchanged table, is the same error on
     every rank (none waits for a call the others left); rows that do not split evenly are refused
     before anything is sent. A reduce leaves the tensors of ranks other than the root as they were
-    (Gloo's leave partial sums there)."""
+    (Gloo's leave partial sums there). An all_to_all of tensor lists queued behind an all_reduce read
+    its inputs when called, before the all_reduce wrote them (a helper's review found it)."""
     for rank, out in enumerate(get_cluster(2, chunk_bytes=256).run(torch_tasks.c10d_edges, tag())):
         torch.testing.assert_close(out["MAX into a Parameter"], torch.tensor([2.0, 0.0]), rtol=0, atol=0)
         torch.testing.assert_close(out["SUM then broadcast into a view of a Parameter"],
@@ -67,6 +69,7 @@ def test_the_edges_a_user_met_on_a_ud_group():
         assert out["all_to_all_single, splits that disagree"] == ("all_to_all_single on 'ud': rank 0 sends 2 rows to "
                                                                   "rank 0, which expects 1")
         assert "input has 5 rows, not a multiple of 2 ranks" in out["all_to_all_single, 5 rows for 2 ranks"]
+        torch.testing.assert_close(out["all_to_all queued behind an all_reduce"], torch.tensor([2.0, 2.0]), rtol=0, atol=0)
         expected = torch.tensor([3.0, 6.0]) if rank == 0 else torch.tensor([2.0, 4.0])
         torch.testing.assert_close(out["reduce: the root's sum, the others' own"], expected, rtol=0, atol=0)
         torch.testing.assert_close(out["exact complex sum"], torch.tensor([3 + 6j, 9 - 3j], dtype=torch.complex64))

@@ -147,6 +147,14 @@ def composite_collectives(group, n, r):
     outputs = [torch.empty(2) for _ in range(n)]  # Gloo's takes equal sizes only
     dist.all_to_all(outputs, [torch.tensor([10.0 * r + j, -j]) for j in range(n)], group=group)
     out["all_to_all"] = torch.cat(outputs)
+    empty = {"reduce": torch.empty(0), "gather": torch.empty(0, 3), "scatter": torch.empty(0),
+             "broadcast": torch.empty(0), "all_reduce MAX": torch.empty(0, dtype=torch.int64)}
+    dist.reduce(empty["reduce"], dst=0, group=group)
+    dist.gather(empty["gather"], [torch.empty(0, 3) for _ in range(n)] if r == 0 else None, dst=0, group=group)
+    dist.scatter(empty["scatter"], [torch.empty(0) for _ in range(n)] if r == 0 else None, src=0, group=group)
+    dist.broadcast(empty["broadcast"], src=0, group=group)
+    dist.all_reduce(empty["all_reduce MAX"], op=dist.ReduceOp.MAX, group=group)
+    out.update({f"{name}, 0 elements": torch.tensor(list(tensor.shape)) for name, tensor in empty.items()})
     objects = [None] * n if r == 0 else None
     dist.gather_object({"rank": r, "name": "x" * r}, objects, dst=0, group=group)
     out["gather_object"] = torch.tensor([len(o["name"]) + o["rank"] for o in objects]) if r == 0 else torch.zeros(0)
@@ -468,6 +476,14 @@ def c10d_edges(comm, tag):
                 out[name] = "no error"
             except ValueError as error:
                 out[name] = str(error)
+        # issue order: an all_to_all queued behind an all_reduce reads what the all_reduce wrote
+        mine = torch.full((2,), float(comm.rank + 1))
+        first = dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        exchanged = [torch.zeros(1) for _ in range(2)]
+        second = dist.all_to_all(exchanged, list(mine.split(1)), group=group, async_op=True)
+        first.wait()
+        second.wait()
+        out["all_to_all queued behind an all_reduce"] = torch.cat(exchanged)
         kept = torch.tensor([1.0, 2.0]) * (comm.rank + 1)
         dist.reduce(kept, dst=0, group=group)
         out["reduce: the root's sum, the others' own"] = kept

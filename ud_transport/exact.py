@@ -167,6 +167,8 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
     `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
     caller's; a scratch need not be)."""
     n, me = comm.world_size, comm.rank
+    if target.numel() == 0:  # nothing to move (every rank alike, or the layouts differ anyway): as Gloo, no call
+        return []
     fresh = comm.chunk_mask(collective, target)
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
