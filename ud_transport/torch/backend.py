@@ -280,18 +280,24 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        for outputs, shard in zip(output_tensors, input_tensors):
+        return self._gather_into_lists("all_gather", output_tensors, input_tensors)
+
+    def _gather_into_lists(self, what, output_lists, input_tensors, root=None):
+        """all_gather (root None: every rank's lists) or gather (only the root's lists; the other
+        ranks take part in the same exact all-gather and keep nothing)."""
+        keeps = root is None or self.rank() == root
+        for outputs, shard in zip(output_lists if keeps else (), input_tensors):
             if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
-                raise ValueError(f"all_gather on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
+                raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
                                  f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
 
         def run():
-            for outputs, shard in zip(output_tensors, input_tensors):
+            for index, shard in enumerate(input_tensors):
                 gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
                 self._gather_one(gathered, shard)
-                for rank, output in enumerate(outputs):
+                for rank, output in enumerate(output_lists[index] if keeps else ()):
                     output.copy_(gathered[rank].view(output.shape))
-        return self._worker.submit(run, output_tensors)
+        return self._worker.submit(run, [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors))
 
     def _allgather_base(self, output, shard, opts=None):
         _check_gather_output(output, shard, self.size())
@@ -364,21 +370,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, tensors)
 
     def gather(self, output_lists, input_tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        on_root = self.rank() == root
-        if on_root:
-            for outputs, shard in zip(output_lists, input_tensors):
-                if len(outputs) != self.size() or any(o.numel() != shard.numel() or o.dtype != shard.dtype
-                                                      for o in outputs):
-                    raise ValueError(f"gather on 'ud' needs {self.size()} outputs of {shard.numel()} {shard.dtype} "
-                                     f"elements on the root (one per rank), got {[o.numel() for o in outputs]}")
-
-        def run():
-            for index, shard in enumerate(input_tensors):
-                self.exact_calls += 1
-                composite.gather(self.communicator, output_lists[index] if on_root else [], shard, root,
-                                 self.config.deadline)
-        return self._worker.submit(run, [t for outputs in output_lists for t in outputs] if on_root else list(input_tensors))
+        return self._gather_into_lists("gather", output_lists, input_tensors, opts.rootRank if opts is not None else 0)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         root = opts.rootRank if opts is not None else 0

@@ -1,8 +1,8 @@
 """The collectives c10d asks for that the engine has no schedule of its own for, built from the
-exact ones: reduce (an exact allreduce whose result only the root keeps), gather (an exact
-all-gather the root keeps), scatter (an exact broadcast of every rank's piece, each keeping its
-own) and all-to-all (an exact all-gather of every rank's whole input, each keeping what is
-addressed to it).
+exact ones: reduce (an exact allreduce whose result only the root keeps), scatter (an exact
+broadcast of every rank's piece, each keeping its own) and all-to-all (an exact all-gather of
+every rank's whole input, each keeping what is addressed to it). gather is the backend's
+all_gather with outputs on the root only.
 
 Exact and correct, not economical: every rank receives what only the root (gather) or only its
 addressee (all-to-all) needs, so all-to-all moves world_size times the bytes of a point-to-point
@@ -23,15 +23,6 @@ def reduce(comm, tensor, op, root, deadline):
     exact.allreduce(comm, work, op, deadline=deadline)
     if comm.rank == root and work.data_ptr() != tensor.data_ptr():
         tensor.copy_(work)
-
-
-def gather(comm, outputs, shard, root, deadline):
-    """outputs (the root's list of world_size tensors, shard-sized) get every rank's shard."""
-    gathered = torch.empty((comm.world_size, shard.numel()), dtype=shard.dtype)
-    exact.all_gather(comm, shard.contiguous().reshape(-1), gathered, deadline=deadline)
-    if comm.rank == root:
-        for rank, output in enumerate(outputs):
-            output.copy_(gathered[rank].view(output.shape))
 
 
 def scatter(comm, output, pieces, root, deadline):
