@@ -1,6 +1,8 @@
 """Time ud_transport's exact broadcast and all-gather (ud_transport.exact: what the "ud" backend
-runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync) against Gloo's,
-on the same ranks in the same run, optionally under real packet loss.
+runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync) and a ring
+shift of messages on a "ud" group (every rank isends its tensor to the next and irecvs the
+previous one's: send and recv, as a pipeline moves activations) against Gloo's, on the same
+ranks in the same run, optionally under real packet loss.
 
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
@@ -34,6 +36,7 @@ def timed(comm, config):
     import torch
     import torch.distributed as dist
 
+    import ud_transport.torch  # noqa: F401 (registers "ud")
     from ud_transport import exact
 
     torch.set_num_threads(config["threads"])
@@ -44,11 +47,24 @@ def timed(comm, config):
     shard = torch.arange(count // n, dtype=torch.float32) + comm.rank
     gathered = torch.empty(count // n * n, dtype=torch.float32)
     tensor = torch.empty(count, dtype=torch.float32)
+    message, inbox = torch.full((count,), float(comm.rank)), torch.empty(count, dtype=torch.float32)
+    groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
+
+    def shift(backend):
+        channels = getattr(groups[backend], "_channels", None)
+        before = channels.calls if channels else 0
+        works = [dist.isend(message, (comm.rank + 1) % n, group=groups[backend]),
+                 dist.irecv(inbox, (comm.rank - 1) % n, group=groups[backend])]
+        for work in works:
+            work.wait()
+        return (channels.calls - before) / 2 if channels else 1  # calls per message (this rank sent one, received one)
     operations = {
         "ud broadcast": lambda: len(exact.broadcast(comm, tensor, 0)),
         "gloo broadcast": lambda: (dist.broadcast(tensor, 0), 1)[1],
         "ud all_gather": lambda: len(exact.all_gather(comm, shard, gathered)),
         "gloo all_gather": lambda: (dist.all_gather_single(gathered, shard), 1)[1],
+        "ud send/recv": lambda: shift("ud"),
+        "gloo send/recv": lambda: shift("gloo"),
     }
     if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
@@ -56,12 +72,15 @@ def timed(comm, config):
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
             tensor.fill_(comm.rank)
+            inbox.fill_(-1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             start = time.perf_counter()
             calls = run()
             elapsed = time.perf_counter() - start
             if name.endswith("broadcast"):
                 assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
+            elif name.endswith("send/recv"):
+                assert torch.all(inbox == (comm.rank - 1) % n), "a message ended with other values than its sender's"
             else:
                 assert torch.equal(gathered.view(n, -1)[:, 0], torch.arange(n, dtype=torch.float32)), "an all-gather is wrong"
             if iteration >= config["warmup"]:

@@ -112,12 +112,7 @@ def c10d_collectives(comm, tag):
                              all_gather=torch.stack(pieces), reduce_scatter=listed, integers=integers,
                              broadcast=broadcast, **{f"all_reduce_{op}": t for op, t in sums.items()},
                              **composite_collectives(group, n, r))
-        try:
-            dist.send(torch.zeros(1), dst=(r + 1) % n, group=groups["ud"])
-            out["send"] = "no error"
-        except NotImplementedError as error:
-            out["send"] = str(error)
-    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]} | {"send": out["send"]}
+    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}
 
 
 def composite_collectives(group, n, r):
@@ -161,6 +156,114 @@ def composite_collectives(group, n, r):
     chosen = [None]
     dist.scatter_object_list(chosen, [f"piece {k}" * (k + 1) for k in range(n)] if r == 0 else None, src=0, group=group)
     out["scatter_object_list"] = torch.tensor([len(chosen[0])])
+    return out
+
+
+def point_to_point(comm, tag, with_options=False):
+    """send, recv, isend/irecv and batch_isend_irecv on a "ud" group and on Gloo, the same
+    messages: ({name: (ud result, gloo result)}, datagrams the ud group's injected loss dropped
+    here). `with_options`: the "ud" group takes the
+    cluster's communicator options (its injected loss)."""
+    n, r = comm.world_size, comm.rank
+    after, before = (r + 1) % n, (r - 1) % n
+    options = udt.BackendOptions(deadline=10.0, communicator={"inject": comm.options.inject}) if with_options else None
+    out = {}
+    with gloo_world(comm, f"p2p-{tag}"):
+        groups = {"ud": dist.new_group(backend="ud", pg_options=options), "gloo": dist.new_group(backend="gloo")}
+        for name, group in groups.items():
+            got = out[name] = {}
+            # around the ring, both ways at once: each rank sends to and receives from both neighbours
+            values = {"float32": torch.arange(3000.0) * (r + 1), "int64": torch.arange(7, dtype=torch.int64) - r,
+                      "bfloat16": torch.linspace(-1, 1, 33, dtype=torch.bfloat16) * (r + 2),
+                      "complex64": torch.tensor([r + 1j, -r - 2j], dtype=torch.complex64)}
+            for dtype, value in values.items():
+                forward, backward = torch.full_like(value, -9), torch.full_like(value, -9)
+                works = [dist.isend(value, dst=after, group=group), dist.isend(value * 2, dst=before, group=group),
+                         dist.irecv(forward, src=before, group=group), dist.irecv(backward, src=after, group=group)]
+                for work in works:
+                    work.wait()
+                got[f"{dtype} from both neighbours"] = torch.stack([forward, backward])
+            # several messages on one channel arrive in the order sent; tags are matched, not order
+            if r == 0:
+                for k in range(4):
+                    dist.send(torch.tensor([k, 10 * k]), dst=1, group=group)
+                first = dist.isend(torch.tensor([1.0]), dst=1, group=group, tag=1)
+                dist.send(torch.tensor([2.0, 2.0]), dst=1, group=group, tag=2)
+                first.wait()
+            elif r == 1:
+                received = [torch.zeros(2, dtype=torch.int64) for _ in range(4)]
+                for piece in received:
+                    dist.recv(piece, src=0, group=group)
+                got["four in order"] = torch.stack(received)
+                two, one = torch.zeros(2), torch.zeros(1)
+                dist.recv(two, src=0, group=group, tag=2)  # sent second, received first
+                dist.recv(one, src=0, group=group, tag=1)
+                got["tag 2, then tag 1"] = torch.cat([two, one])
+            # into a view that is not contiguous (Gloo's takes contiguous ones), and a message of many chunks
+            matrix = torch.full((40, 30), -1.0)
+            landing = matrix.t() if name == "ud" else torch.empty(30, 40)
+            large = torch.randn(300_000, generator=torch.Generator().manual_seed(r))
+            ops = [dist.P2POp(dist.isend, torch.arange(1200.0).reshape(30, 40) + r, after, group),
+                   dist.P2POp(dist.irecv, landing, before, group),
+                   dist.P2POp(dist.isend, large, after, group, tag=3),
+                   dist.P2POp(dist.irecv, large_in := torch.zeros(300_000), before, group, tag=3)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            got["into a transposed view"] = matrix if name == "ud" else landing.t()
+            got["300 000 floats"] = large_in
+            dist.barrier(group=group)
+        drops = groups["ud"]._channels.injected_drops
+    return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, drops
+
+
+def point_to_point_edges(comm, tag):
+    """What a "ud" group's send and recv do at their edges: {case: outcome}."""
+    import time
+
+    r = comm.rank
+    out = {}
+    with gloo_world(comm, f"p2p-edges-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=1.5))
+        # a receive posted long before its message is sent (longer than a call's deadline: the
+        # sender is waited for as a late rank is, up to the group's timeout)
+        late = torch.zeros(3)
+        if r == 0:
+            time.sleep(4.0)
+            dist.send(torch.tensor([1.0, 2.0, 3.0]), dst=1, group=group)
+        else:
+            dist.recv(late, src=0, group=group)
+        out["a message sent 4 s after its receive"] = late
+        # sizes that differ: both ends raise, and the receiver's tensor keeps its values
+        kept = torch.tensor([5.0, 6.0])
+        try:
+            if r == 0:
+                dist.send(torch.zeros(3), dst=1, group=group, tag=7)
+            else:
+                dist.recv(kept, src=0, group=group, tag=7)
+            out["sizes that differ"] = "no error"
+        except ud_transport.TransportError as error:
+            out["sizes that differ"] = type(error).__name__
+        out["the receiver's tensor after it"] = kept
+        # the channel is usable after that error
+        after = torch.zeros(2)
+        if r == 0:
+            dist.send(torch.tensor([8.0, 9.0]), dst=1, group=group, tag=7)
+        else:
+            dist.recv(after, src=0, group=group, tag=7)
+        out["the next message on that channel"] = after
+        for name, call in {"recv from any source": lambda: dist.recv(torch.zeros(1), group=group),
+                           "two tensors": lambda: group.send([torch.zeros(1), torch.zeros(1)], 1 - r, 0)}.items():
+            try:
+                call()
+                out[name] = "no error"
+            except (NotImplementedError, ValueError) as error:
+                out[name] = str(error)
+        dist.destroy_process_group(group)
+        try:
+            group.send([torch.zeros(1)], 1 - r, 0)
+            out["send on a destroyed group"] = "no error"
+        except ud_transport.TransportError as error:
+            out["send on a destroyed group"] = str(error)
     return out
 
 

@@ -6,7 +6,8 @@ the configured budget; everything else (DDP's construction broadcasts and
 shape checks, barriers, integer and MAX/MIN reductions, all-gathers of
 parameters) is exact: the call is repeated until every rank holds the same
 complete result (ud_transport.exact). Collectives run in issue order on one
-thread per group; Work.wait() raises a collective's error.
+thread per group; Work.wait() raises a collective's error. send and recv run
+on channels of their own (ud_transport.torch.point_to_point).
 
 Configuration: pg_options=ud_transport.torch.BackendOptions(...), else the
 environment (see BackendOptions.from_environment)."""
@@ -22,7 +23,7 @@ from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded
 from ..tensors import op_name
-from . import _common, composite, policy
+from . import _common, composite, point_to_point, policy
 from ._worker import SerialWorker
 
 LOSSY_KINDS = ("allreduce", "reduce_scatter")
@@ -103,9 +104,8 @@ class BackendOptions:
 def _unsupported(name):
     def method(self, *args, **kwargs):
         """Not implemented by the "ud" backend: raises NotImplementedError naming itself."""
-        raise NotImplementedError(f"the 'ud' backend does not implement {name} (it has no point-to-point); "
-                                  "supported: allreduce, broadcast, allgather, all_gather_into_tensor, reduce_scatter, "
-                                  "reduce_scatter_tensor, barrier, reduce, gather, scatter, all_to_all, all_to_all_single")
+        raise NotImplementedError(f"the 'ud' backend does not implement {name}: a receive names its source "
+                                  "(dist.recv(tensor, src=...)), as on NCCL")
     method.__name__ = name
     return method
 
@@ -120,7 +120,9 @@ class ProcessGroupUD(dist.ProcessGroup):
     datagram). reduce, gather, scatter and all-to-all are exact too, built from those
     (``ud_transport.torch.composite``: every rank receives the bytes of a gather or all-to-all, not
     only their addressee). Collectives run in issue order on a worker thread; ``Work.wait()``
-    raises a collective's error. send and recv raise NotImplementedError.
+    raises a collective's error. send and recv are exact too, each (sender, receiver, tag) on a
+    channel of its own (``ud_transport.torch.point_to_point``); a receive from any source raises
+    NotImplementedError.
 
     Parameters
     ----------
@@ -163,6 +165,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         resolved = options_module.build(**overrides)
         # the store c10d hands us is already prefixed for this group
         self.communicator = Communicator(rank, world_size, store, self.config.transport, resolved, name="c10d")
+        self._channels = point_to_point.Channels(store, rank, self.config.transport, resolved, self.config.deadline)
         self._worker = SerialWorker(f"ud-{group_name or 'group'}")
         _common.adopt_worker(self.communicator, self._worker)  # hooks on this communicator queue behind c10d's calls
         self.counters = policy.StepCounters()
@@ -414,11 +417,28 @@ class ProcessGroupUD(dist.ProcessGroup):
                 output.copy_(piece.view(output.shape))
         return self._worker.submit(run, output_tensors)
 
-    send = _unsupported("send")
-    recv = _unsupported("recv")
+    def send(self, tensors, dstRank, tag=0):
+        tensor = self._message_tensor("send", tensors, dstRank)
+        return self._channels.send(tensor, dstRank, tag)
+
+    def recv(self, tensors, srcRank, tag=0):
+        tensor = self._message_tensor("recv", tensors, srcRank)
+        return self._channels.recv(tensor, srcRank, tag)
+
     recv_anysource = _unsupported("recv_anysource")
 
+    def _message_tensor(self, what, tensors, peer):
+        if len(tensors) != 1:
+            raise ValueError(f"{what} on 'ud' takes one tensor, got {len(tensors)}")
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"{what} on 'ud': peer rank {peer} is not another rank of this group of {self.size()}")
+        tensor = tensors[0]
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{what} on 'ud' takes CPU tensors, got one on {tensor.device}")
+        return tensor
+
     def shutdown(self):
+        self._channels.close()
         self._worker.close()
         self.communicator.close()
         # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
