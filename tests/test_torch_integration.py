@@ -394,3 +394,22 @@ def test_send_and_recv_at_their_edges():
         assert "a receive names its source" in out["recv from any source"]
         assert "takes one tensor, got 2" in out["two tensors"]
         assert "shut down" in out["send on a destroyed group"]
+
+
+def test_a_broadcast_marks_written_only_the_tensors_it_writes():
+    """The root's tensor keeps its version (autograd refused the backward through a pipeline
+    stage's output once send had bumped it); every other rank's is marked written."""
+    steps = get_cluster(3, chunk_bytes=256).run(torch_tasks.broadcast_version_steps)
+    assert steps == [(0, 0.0), (1, 0.0), (1, 0.0)]
+
+
+@pytest.mark.parametrize("world, schedule", [(2, "ScheduleGPipe"), (3, "Schedule1F1B")])
+def test_pipeline_parallel_training_on_ud_matches_gloo(world, schedule):
+    """torch.distributed.pipelining trains a model split into one stage per rank on a "ud" group
+    (activations and gradients by send and recv, shapes by send_object_list) to the parameters
+    and losses it reaches on Gloo, bit for bit, on every stage."""
+    per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.pipeline_training, tag(), schedule)
+    for rank, (ud, gloo, ud_losses, gloo_losses) in enumerate(per_rank):
+        torch.testing.assert_close(ud, gloo, rtol=0, atol=0, msg=f"rank {rank}")
+        assert ud_losses.numel() == (6 * 4 if rank == world - 1 else 0)
+        torch.testing.assert_close(ud_losses, gloo_losses, rtol=0, atol=0, msg=f"rank {rank} losses")

@@ -216,6 +216,51 @@ def point_to_point(comm, tag, with_options=False):
     return {key: (out["ud"][key], out["gloo"][key]) for key in out["ud"]}, drops
 
 
+def pipeline_training(comm, tag, schedule_name):
+    """A 3-layer model in as many pipeline stages as ranks (torch.distributed.pipelining, 4
+    microbatches), 6 SGD steps on a "ud" group and the same on Gloo: (stage parameters on ud, on
+    Gloo, the last stage's losses on ud, on Gloo). Activations and their gradients go by send
+    and recv (batch_isend_irecv), the stages' shapes by send_object_list."""
+    from torch.distributed import pipelining
+
+    n, r = comm.world_size, comm.rank
+    out = {}
+    with gloo_world(comm, f"pipe-{tag}"):
+        groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
+        for name, group in groups.items():
+            torch.manual_seed(0)
+            layers = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(n)]
+            stage = pipelining.PipelineStage(layers[r], r, n, torch.device("cpu"), group=group)
+            losses = []
+            schedule = getattr(pipelining, schedule_name)(stage, 4, loss_fn=torch.nn.functional.mse_loss)
+            optimizer = torch.optim.SGD(layers[r].parameters(), lr=0.1)
+            generator = torch.Generator().manual_seed(1)
+            for _ in range(6):
+                x, y = torch.randn(16, 8, generator=generator), torch.randn(16, 8, generator=generator)
+                if r == 0:
+                    schedule.step(x)
+                elif r == n - 1:
+                    step_losses = []
+                    schedule.step(target=y, losses=step_losses)
+                    losses.extend(step_losses)
+                else:
+                    schedule.step()
+                optimizer.step()
+                optimizer.zero_grad()
+            out[name] = (flat_parameters(layers[r]), torch.stack(losses).detach() if losses else torch.zeros(0))
+        dist.barrier()
+    return out["ud"][0], out["gloo"][0], out["ud"][1], out["gloo"][1]
+
+
+def broadcast_version_steps(comm):
+    """How far a broadcast moved each rank's tensor's autograd version counter (the root's
+    memory is only read; the others' is written)."""
+    tensor = torch.full((5000,), float(comm.rank))
+    before = tensor._version
+    comm.broadcast(tensor, 0)
+    return tensor._version - before, tensor[0].item()
+
+
 def point_to_point_edges(comm, tag):
     """What a "ud" group's send and recv do at their edges: {case: outcome}."""
     import time

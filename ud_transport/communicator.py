@@ -632,7 +632,10 @@ class Communicator:
                         self.receive_buffer_bytes, self.window_bytes)
         message = native_error.message if native_error is not None else ""
         if status == _native.STATUS_OK:
-            if target is not None and collective != _native.COLLECTIVE_AGREE:
+            # a broadcast's root is only read: marked written, autograd refused the backward of a
+            # graph that saved it (a pipeline stage's output, sent by send)
+            if target is not None and collective != _native.COLLECTIVE_AGREE and not (
+                    collective == _native.COLLECTIVE_BROADCAST and root == self.rank and source is target):
                 target.written()
             if not stats.deadline_expired and nbytes:
                 self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s - stats.output_s)  # not a late rank, not the copy out
