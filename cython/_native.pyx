@@ -26,6 +26,7 @@ STATUS_INVALID_ARGUMENT = UDT_ERR_INVALID_ARGUMENT
 STATUS_TRANSPORT = UDT_ERR_TRANSPORT
 STATUS_NO_MEMORY = UDT_ERR_NO_MEMORY
 STATUS_LAYOUT_MISMATCH = UDT_ERR_LAYOUT_MISMATCH
+STATUS_INTERRUPTED = UDT_ERR_INTERRUPTED
 
 OP_SUM = UDT_OP_SUM
 OP_MEAN = UDT_OP_MEAN
@@ -287,6 +288,13 @@ cdef class Engine:
         if self.comm is not NULL:
             udt_comm_destroy(self.comm)
             self.comm = NULL
+
+    def interrupt(self):
+        """End the call another thread runs on this engine (within 100 ms), and every later one,
+        as STATUS_INTERRUPTED (engine.h: udt_comm_interrupt). Holds the GIL, as close() does, so
+        the two cannot cross."""
+        if self.comm is not NULL:
+            udt_comm_interrupt(self.comm)
 
     def set_peers(self, bytes addresses, uint32_t address_bytes):
         if self.comm is NULL:

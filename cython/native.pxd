@@ -110,6 +110,7 @@ cdef extern from "engine.h" nogil:
         UDT_ERR_TRANSPORT
         UDT_ERR_NO_MEMORY
         UDT_ERR_LAYOUT_MISMATCH
+        UDT_ERR_INTERRUPTED
 
     enum:
         UDT_OP_SUM
@@ -210,6 +211,7 @@ cdef extern from "engine.h" nogil:
     int udt_call_progress(udt_comm *comm, uint64_t now_ns, uint64_t *wake_ns)
     int udt_call_finish(udt_comm *comm, uint64_t now_ns)
     const udt_error *udt_comm_error(const udt_comm *comm)
+    void udt_comm_interrupt(udt_comm *comm)
     int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
 
 cdef extern from "blocks.h" nogil:

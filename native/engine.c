@@ -1673,6 +1673,10 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
         uint64_t wake = 0;
         if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
             return abandon_call(comm, UDT_ERR_CANCELLED);
+        if (__atomic_load_n(&comm->interrupted, __ATOMIC_ACQUIRE)) {
+            fail(comm, UDT_ERR_INTERRUPTED, "the call was interrupted: its communicator is being closed");
+            return abandon_call(comm, UDT_ERR_INTERRUPTED);
+        }
         now = monotonic_ns();
         rc = udt_call_progress(comm, now, &wake);
         if (rc < 0)
@@ -1716,6 +1720,11 @@ int udt_collective(struct udt_comm *comm, const struct udt_collective_args *args
 }
 
 /* ---- the communicator ------------------------------------------------------ */
+
+void udt_comm_interrupt(struct udt_comm *comm)
+{
+    __atomic_store_n(&comm->interrupted, 1, __ATOMIC_RELEASE);
+}
 
 struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
                                  const struct udt_engine_options *options, struct udt_error *error)

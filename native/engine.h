@@ -28,6 +28,7 @@ enum udt_status {
     UDT_ERR_NO_MEMORY = 5,
     UDT_ERR_LAYOUT_MISMATCH = 6, /* a rank called with another collective, size, dtype, op or root */
     UDT_ERR_CANCELLED = 7,       /* inside udt_collective_striped only: another stripe ended the call */
+    UDT_ERR_INTERRUPTED = 8,     /* udt_comm_interrupt was called: the call ended where it was; output untouched */
 };
 
 enum udt_op { UDT_OP_SUM = 0, UDT_OP_MEAN = 1 };
@@ -139,6 +140,11 @@ void udt_comm_destroy(struct udt_comm *comm);
  * bytes, checked so that a short buffer is refused instead of read past its end. */
 int udt_comm_set_peers(struct udt_comm *comm, const uint8_t *addresses, size_t length, uint32_t address_bytes);
 const struct udt_error *udt_comm_error(const struct udt_comm *comm);
+/* From any thread, during a call or not: the call in progress ends within one wait of the
+ * transport (at most 100 ms) as UDT_ERR_INTERRUPTED, its output as it was, and so does every
+ * later call, at once. For closing a communicator whose call waits on a peer that may never
+ * come (a receive whose sender is gone) without waiting out the join timeout. */
+void udt_comm_interrupt(struct udt_comm *comm);
 /* Tests only: the sequence number of the last call started (the next call
  * uses sequence + 1, modulo 2^32). Every rank must set the same value between
  * calls. Returns -1 during a call. */

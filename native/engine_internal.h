@@ -147,6 +147,7 @@ struct udt_comm {
     uint32_t rank, world_size;
     uint64_t session_id;
     uint32_t sequence; /* of the last call started */
+    int interrupted;   /* udt_comm_interrupt: set from another thread, read atomically */
     uint32_t send_epoch, credit_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;

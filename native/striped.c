@@ -72,6 +72,7 @@ static int gravity(int status)
     case UDT_ERR_PEER_TIMEOUT: return 3;
     case UDT_ERR_LAYOUT_MISMATCH: return 4;
     case UDT_ERR_TRANSPORT: return 5;
+    case UDT_ERR_INTERRUPTED: return 5;
     case UDT_ERR_NO_MEMORY: return 6;
     default: return 7; /* UDT_ERR_INVALID_ARGUMENT */
     }

@@ -413,3 +413,17 @@ def test_pipeline_parallel_training_on_ud_matches_gloo(world, schedule):
         torch.testing.assert_close(ud, gloo, rtol=0, atol=0, msg=f"rank {rank}")
         assert ud_losses.numel() == (6 * 4 if rank == world - 1 else 0)
         torch.testing.assert_close(ud_losses, gloo_losses, rtol=0, atol=0, msg=f"rank {rank} losses")
+
+
+def test_abort_ends_a_receive_and_a_collective_whose_peer_never_comes():
+    """A group's timeout is 30 minutes by default; abort() (c10d's _abort_process_group) ends a
+    receive whose sender sends no more and an all_reduce its peer never joins within a second,
+    each Work raising that it was interrupted, the tensors as they were (before, abort waited for
+    them as shutdown does)."""
+    _, (took, errors, inbox_kept, summed_kept, first) = get_cluster(2, chunk_bytes=256).run(
+        torch_tasks.abort_ends_what_waits, tag())
+    assert first == [1.0, 1.0]
+    assert took < 5.0, f"abort took {took:.1f} s"
+    for name, error in errors.items():
+        assert "interrupted" in error, (name, error)
+    assert inbox_kept and summed_kept

@@ -261,6 +261,42 @@ def broadcast_version_steps(comm):
     return tensor._version - before, tensor[0].item()
 
 
+def abort_ends_what_waits(comm, tag):
+    """Rank 1 waits on a receive whose sender sends no more and on an all_reduce rank 0 never
+    joins; then aborts the group: (seconds abort took, each Work's error, the tensors unchanged).
+    Rank 0 takes one message, then destroys the group as it is (nothing queued there)."""
+    import time
+
+    with gloo_world(comm, f"abort-{tag}"):
+        group = dist.new_group(backend="ud")  # the group's timeout: 30 minutes
+        if comm.rank == 0:
+            dist.send(torch.ones(2), dst=1, group=group)  # the channel is met
+            dist.barrier()  # on Gloo: rank 1 has queued its calls
+            dist.barrier()  # rank 1 has aborted
+            dist.destroy_process_group(group)
+            return None
+        first = torch.zeros(2)
+        dist.recv(first, src=0, group=group)
+        inbox, summed = torch.full((3,), 7.0), torch.full((5,), 3.0)
+        works = {"irecv": dist.irecv(inbox, src=0, group=group),
+                 "all_reduce": dist.all_reduce(summed, group=group, async_op=True)}
+        dist.barrier()
+        time.sleep(0.5)  # both are waiting on rank 0 now
+        start = time.monotonic()
+        group.abort()
+        took = time.monotonic() - start
+        errors = {}
+        for name, work in works.items():
+            try:
+                work.wait()
+                errors[name] = "no error"
+            except ud_transport.TransportError as error:
+                errors[name] = str(error)
+        dist.barrier()
+        dist.destroy_process_group(group)
+        return took, errors, bool(torch.all(inbox == 7.0)), bool(torch.all(summed == 3.0)), first.tolist()
+
+
 def point_to_point_edges(comm, tag):
     """What a "ud" group's send and recv do at their edges: {case: outcome}."""
     import time

@@ -16,6 +16,7 @@ STATUS_INVALID_ARGUMENT: int
 STATUS_TRANSPORT: int
 STATUS_NO_MEMORY: int
 STATUS_LAYOUT_MISMATCH: int
+STATUS_INTERRUPTED: int
 OP_SUM: int
 OP_MEAN: int
 ESTIMATOR_UNBIASED: int
@@ -95,6 +96,7 @@ class Engine:
             chunk_mask_bytes: int = ..., copies: int = ...,
             direct_output: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
     def close(self) -> None: ...
+    def interrupt(self) -> None: ...
 
 def run_striped(engines: list[Engine], collective: int, algorithm: int, inputs: list[int], outputs: list[int],
                 counts: list[int], weights: list[float], dtype: int, op: int, estimator: int, root: int,

@@ -652,6 +652,19 @@ class Communicator:
 
     # -- lifetime ---------------------------------------------------------
 
+    def interrupt(self):
+        """End the call another thread is running on this communicator within 100 ms, and every
+        later one, with TransportError ("interrupted"); the tensor keeps its values. For closing a
+        communicator whose call waits on a peer that may never come, without waiting out
+        join_timeout_s. Safe from any thread, during a call or not; close() still releases.
+
+        Examples
+        --------
+        >>> comm.interrupt(); comm.close()  # doctest: +SKIP
+        """
+        for engine in list(self._stripes):  # not under the lock: the call holds it
+            engine.interrupt()
+
     def close(self):
         """Release the socket and buffers. Safe to call more than once.
 

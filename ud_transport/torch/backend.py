@@ -438,15 +438,24 @@ class ProcessGroupUD(dist.ProcessGroup):
         return tensor
 
     def shutdown(self):
-        self._channels.close()
+        """destroy_process_group: finish what is queued (a receive whose sender never comes waits
+        up to the group's timeout: abort() ends it), then close."""
+        self._close(interrupt=False)
+
+    def abort(self):
+        """End what runs and what is queued at once (each Work raises TransportError,
+        "interrupted"; tensors keep their values), then close: for a group whose peers may be gone."""
+        self._close(interrupt=True)
+
+    def _close(self, interrupt):
+        if interrupt:
+            self.communicator.interrupt()
+        self._channels.close(interrupt)
         self._worker.close()
         self.communicator.close()
         # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
         # store server stayed up and the next group's rendezvous read the old one's addresses
         self.communicator.store = None
-
-    def abort(self):
-        self.shutdown()
 
 
 def _check_gather_output(output, shard, world_size):

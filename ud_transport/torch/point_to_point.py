@@ -41,6 +41,7 @@ class Channel:
     def __init__(self, name, connect):
         self._connect = connect  # () -> Communicator; it waits for the other rank
         self._failed = None
+        self._interrupted = False
         self.communicator = None
         self._worker = SerialWorker(name)
 
@@ -55,8 +56,18 @@ class Channel:
                 except BaseException as error:
                     self._failed = error
                     raise
+                if self._interrupted:  # while it met its peer
+                    self.communicator.interrupt()
             message(self.communicator)
         return self._worker.submit(run, [tensor])
+
+    def interrupt(self):
+        """End the message in progress and every queued one (TransportError); a channel still
+        meeting its peer ends once it has met it or the store's timeout has passed."""
+        self._interrupted = True
+        communicator = self.communicator
+        if communicator is not None:
+            communicator.interrupt()
 
     def close(self):
         self._worker.close()
@@ -128,10 +139,13 @@ class Channels:
         return Communicator(SENDER if self._rank == sender else RECEIVER, 2, store, self._transport, self._options,
                             name=name)
 
-    def close(self):
-        """Finish what is queued on every channel, then close them."""
+    def close(self, interrupt=False):
+        """Finish what is queued on every channel, then close them; `interrupt`: end it instead."""
         with self._lock:
             self._closed = True
             channels = list(self._channels.values())
+        for channel in channels:
+            if interrupt:
+                channel.interrupt()
         for channel in channels:
             channel.close()
