@@ -306,7 +306,9 @@ def test_backend_ud_with_two_stripes_matches_gloo():
 def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
     """torchrun starts `world` ranks with init_process_group(backend="ud"):
     allreduce on it, on a "ud" subgroup of ranks 0-1 and on a Gloo group
-    beside it, then DDP steps leave every rank with the same parameters."""
+    beside it, each rank sends to the next around the ring (channels meet
+    through the agent's store), then DDP steps leave every rank with the same
+    parameters."""
     import json
     import pathlib
     import subprocess
@@ -325,6 +327,7 @@ def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
         assert result["total"] == world * (world + 1) / 2 and result["gloo_total"] == result["total"]
         assert result["pair_total"] == (3.0 if rank < 2 else rank + 1.0)
         assert result["parameters"] == results[0]["parameters"]
+        assert result["received"] == [float((rank - 1) % world)] * 3
 
 
 def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_rank_agrees():

@@ -1,5 +1,6 @@
 """Run under torchrun by test_torch_integration: backend="ud" as the default
-group, a "ud" subgroup and a Gloo group beside it, and a few DDP steps.
+group, a "ud" subgroup and a Gloo group beside it, messages around the ring
+(send and recv through the agent's store), and a few DDP steps.
 Writes this rank's results as JSON to the directory given as argv[1]."""
 import json
 import os
@@ -24,6 +25,10 @@ def main(out_dir):
         dist.all_reduce(pair_total, group=pair)
     gloo_total = torch.tensor([float(rank + 1)])
     dist.all_reduce(gloo_total, group=gloo)
+    received = torch.zeros(3)
+    works = [dist.isend(torch.full((3,), float(rank)), (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]
+    for work in works:
+        work.wait()
     torch.manual_seed(rank)
     model = DDP(torch.nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -36,7 +41,8 @@ def main(out_dir):
     dist.barrier()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"world": world, "backend": dist.get_backend(), "total": total.item(), "pair_total": pair_total.item(),
-                   "gloo_total": gloo_total.item(), "parameters": parameters}, f)
+                   "gloo_total": gloo_total.item(), "parameters": parameters,
+                   "received": received.tolist()}, f)
     dist.destroy_process_group()
 
 
