@@ -243,7 +243,7 @@ cdef udt_engine_options engine_options(dict values) except *:
 cdef void fill_args(udt_collective_args *args, int collective, int algorithm, uintptr_t input, uintptr_t output,
                     uint64_t count, int dtype, int op, int estimator, uint32_t root, uint32_t agree_value,
                     double loss_budget, double deadline_s, uintptr_t chunk_mask, uint64_t chunk_mask_bytes,
-                    uint32_t copies, uint32_t direct_output=0):
+                    uint32_t copies, uint32_t direct_output=0, uint32_t layout_salt=0):
     args.collective = collective
     args.algorithm = algorithm
     args.input = <const void *>input
@@ -260,6 +260,7 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
     args.chunk_mask_bytes = chunk_mask_bytes
     args.copies = copies
     args.direct_output = direct_output
+    args.layout_salt = layout_salt
 
 
 cdef class Engine:
@@ -313,19 +314,21 @@ cdef class Engine:
 
     def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
             int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s,
-            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1, uint32_t direct_output=0):
+            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1, uint32_t direct_output=0,
+            uint32_t layout_salt=0):
         """Run one collective. Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
         holds what it held before (an allreduce in place is put back: engine.h), except
-        that with direct_output an all_gather or broadcast may leave it partly written."""
+        that with direct_output an all_gather or broadcast may leave it partly written.
+        layout_salt: folded into the layout every rank must share (engine.h)."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef udt_collective_args args
         cdef udt_collective_stats stats
         cdef int status
         fill_args(&args, collective, algorithm, input, output, count, dtype, op, estimator, root, agree_value, loss_budget,
-                  deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output)
+                  deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output, layout_salt)
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None

@@ -193,6 +193,7 @@ cdef extern from "engine.h" nogil:
         uint64_t chunk_mask_bytes
         uint32_t copies
         uint32_t direct_output
+        uint32_t layout_salt
 
     struct udt_comm:
         pass

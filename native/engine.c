@@ -140,6 +140,9 @@ static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chun
     const uint8_t *bytes = (const uint8_t *)fields;
     for (size_t i = 0; i < sizeof fields; i++)
         hash = (hash ^ bytes[i]) * 16777619u;
+    if (a->layout_salt) /* only then: a call without one keeps the tag peers of the same wire version compute */
+        for (int i = 0; i < 4; i++)
+            hash = (hash ^ ((a->layout_salt >> (8 * i)) & 0xffu)) * 16777619u;
     return hash;
 }
 

@@ -80,6 +80,10 @@ struct udt_collective_args {
      * the scratch and a copy at the end, so a call that fails may leave the output partly
      * written: only for a caller that keeps its own copy to put back (ud_transport.exact). */
     uint32_t direct_output;
+    /* Folded into the layout every rank must share (0: nothing folded): ud_transport.exact moves
+     * any dtype as 32-bit words and passes the byte count here, so that two sizes padded to the
+     * same words are a layout mismatch instead of a copy that cuts or pads. */
+    uint32_t layout_salt;
 };
 
 struct udt_collective_stats {

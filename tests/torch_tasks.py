@@ -314,17 +314,23 @@ def point_to_point_edges(comm, tag):
         else:
             dist.recv(late, src=0, group=group)
         out["a message sent 4 s after its receive"] = late
-        # sizes that differ: both ends raise, and the receiver's tensor keeps its values
-        kept = torch.tensor([5.0, 6.0])
-        try:
-            if r == 0:
-                dist.send(torch.zeros(3), dst=1, group=group, tag=7)
-            else:
-                dist.recv(kept, src=0, group=group, tag=7)
-            out["sizes that differ"] = "no error"
-        except ud_transport.TransportError as error:
-            out["sizes that differ"] = type(error).__name__
-        out["the receiver's tensor after it"] = kept
+        # sizes that differ, also by less than the 4-byte words exact calls move: both ends
+        # raise, and the receiver's tensor keeps its values
+        for sent, into in [(torch.zeros(3), torch.tensor([5.0, 6.0])),
+                           (torch.tensor([1, 2, 3], dtype=torch.int16), torch.full((4,), 7, dtype=torch.int16)),
+                           (torch.arange(7, dtype=torch.uint8), torch.full((5,), 9, dtype=torch.uint8)),
+                           (torch.arange(5, dtype=torch.uint8), torch.full((7,), 9, dtype=torch.uint8))]:
+            case = f"{sent.numel()} {sent.dtype} into {into.numel()}"
+            kept = into.clone()
+            try:
+                if r == 0:
+                    dist.send(sent, dst=1, group=group, tag=7)
+                else:
+                    dist.recv(kept, src=0, group=group, tag=7)
+                out[f"sizes that differ: {case}"] = "no error"
+            except ud_transport.TransportError as error:
+                out[f"sizes that differ: {case}"] = type(error).__name__
+            out[f"the receiver's tensor after it: {case}"] = torch.equal(kept, into)
         # the channel is usable after that error
         after = torch.zeros(2)
         if r == 0:

@@ -448,7 +448,7 @@ class Communicator:
 
     @_documented
     def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
-                   direct_output=False):
+                   direct_output=False, layout_salt=0):
         """Gather every rank's shard into `output`, the full tensor.
 
         Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
@@ -468,6 +468,10 @@ class Communicator:
             Write chunks into `output` as they arrive rather than at the end: one copy fewer,
             but a call that fails may leave `output` partly written. For a caller that keeps
             its own copy to put back (``ud_transport.exact`` does).
+        layout_salt : int, default 0
+            A value (32 bits) every rank must pass alike, checked with the layout: a rank that
+            passes another raises LayoutMismatch, as for another size. ``ud_transport.exact``
+            passes the byte count of what it moves as padded 32-bit words.
         {call_parameters}
 
         {call_raises}
@@ -481,11 +485,11 @@ class Communicator:
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output)
+                         direct_output=direct_output, layout_salt=layout_salt)
 
     @_documented
     def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
-                  direct_output=False):
+                  direct_output=False, layout_salt=0):
         """Copy rank `src`'s tensor into every rank's, in place.
 
         Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
@@ -502,6 +506,8 @@ class Communicator:
         direct_output : bool, default False
             As for all_gather: chunks are written as they arrive, and a call that fails may
             leave `tensor` partly written (never at `src`).
+        layout_salt : int, default 0
+            As for all_gather: checked with the layout on every rank.
         {call_parameters}
 
         {call_raises}
@@ -515,7 +521,7 @@ class Communicator:
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output)
+                         direct_output=direct_output, layout_salt=layout_salt)
 
     def agree(self, value, *, deadline=None):
         """The largest `value` over all ranks, the same on every rank.
@@ -594,7 +600,7 @@ class Communicator:
         return addresses, addresses, counts, [part / view.count for part in counts]
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
-             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False):
+             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0):
         op_value = op_code(op)
         copies = check_copies(self.options.copies if copies is None else copies)
         estimator_value = estimator_code(estimator or self.options.estimator)
@@ -611,7 +617,7 @@ class Communicator:
                 raise TransportError("communicator is closed")
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            stripes = None if direct_output else self._stripes_for(collective, nbytes, mask_address)
+            stripes = None if direct_output or layout_salt else self._stripes_for(collective, nbytes, mask_address)
             if stripes:
                 status, raw, _, native_error = _native.run_striped(
                     stripes, collective, algorithms.CODES[algorithm_name], *self._stripe_layout(target, len(stripes)),
@@ -621,7 +627,7 @@ class Communicator:
                     collective, algorithms.CODES[algorithm_name], source.address if source else 0,
                     target.address if target else 0, count, target.dtype_code if target else 0, op_value,
                     estimator_value, root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies,
-                    bool(direct_output))
+                    bool(direct_output), int(layout_salt) & 0xFFFFFFFF)
         stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:

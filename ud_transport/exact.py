@@ -289,9 +289,10 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     it was."""
     source = comm.rank == src  # only read: a read-only array may be the source
     words, copy_back = as_words(tensor, writes=not source)
+    salt = _as_torch(tensor).nbytes  # sizes that pad to the same words must still mismatch
     stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
                                                                             chunk_mask=mask, copies=copies,
-                                                                            direct_output=True),
+                                                                            direct_output=True, layout_salt=salt),
                      words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
@@ -313,7 +314,8 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
         gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
         stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
                                                                                   deadline=deadline, chunk_mask=mask,
-                                                                                  copies=copies, direct_output=True),
+                                                                                  copies=copies, direct_output=True,
+                                                                                  layout_salt=shard_bytes),
                          gathered, attempts, deadline)  # gathered is ours: nothing to put back
         target, copy_back = as_words(output, writes=True)
         target_bytes = target.view(torch.uint8)
