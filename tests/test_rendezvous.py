@@ -87,7 +87,8 @@ def test_a_rank_of_another_version_is_named():
     """A peer that published another wire version (written into the real store
     as that peer would) is named before any datagram is sent."""
     shared = store()
-    shared.set("ud_transport/versions/identity/1", rendezvous.identity_record(2, ud_transport.__version__, 2))
+    # under 0: the first communicator of that name on this store
+    shared.set("ud_transport/versions/0/identity/1", rendezvous.identity_record(2, ud_transport.__version__, 2))
     with pytest.raises(ud_transport.TransportError, match=r"rank 0: rank 1 disagrees on the job.*wire 2 .*all must match"):
         create(0, 2, shared, "versions")
 
@@ -96,9 +97,20 @@ def test_a_rank_on_another_transport_is_named_at_once():
     """A peer that chose verbs (an RDMA port where this rank has none, or UD_TRANSPORT set on it
     alone) is named at the identity check, not after a store timeout at a later exchange."""
     shared = store()
-    shared.set("ud_transport/transports/identity/1",
+    shared.set("ud_transport/transports/0/identity/1",
                rendezvous.identity_record(2, ud_transport.__version__, ud_transport._native.WIRE_VERSION, "auto", "verbs"))
     start = time.monotonic()
     with pytest.raises(ud_transport.TransportError, match=r"rank 0: rank 1 disagrees on the job.*transport verbs'.*transport udp'"):
         create(0, 2, shared, "transports")
     assert time.monotonic() - start < TIMEOUT
+
+
+def test_a_communicator_made_again_under_one_name_counts_a_new_incarnation():
+    """Every rank of the first communicator of a name counts itself before any rank of the next
+    (which starts after the first's rendezvous): all ranks read the same incarnation, and the
+    next one's keys are fresh."""
+    shared = store()
+    first = [rendezvous.incarnation(shared, "ud_transport/again", 3) for _ in range(3)]
+    second = [rendezvous.incarnation(shared, "ud_transport/again", 3) for _ in range(3)]
+    assert first == [0, 0, 0] and second == [1, 1, 1]
+    assert rendezvous.incarnation(shared, "ud_transport/other", 3) == 0

@@ -385,7 +385,9 @@ def test_send_and_recv_on_ud_deliver_what_gloo_delivers(world, loss):
 
 
 def test_send_and_recv_at_their_edges():
-    """A receive waits for a sender later than its deadline; sizes that differ raise on both ends and leave the
+    """A receive waits for a sender later than its deadline and the store's timeout (the channel's first
+    message failed its rendezvous after the store's timeout before, and the channel stayed broken: a reviewer's
+    finding); sizes that differ raise on both ends and leave the
     receiver's tensor as it was, also where they pad to the same 32-bit words (3 int16 into 4, 7 bytes into 5
     and 5 into 7: before, cut or padded without an error; a reviewer's finding), and the channel carries the
     next message; a receive from any
@@ -423,7 +425,8 @@ def test_pipeline_parallel_training_on_ud_matches_gloo(world, schedule):
 
 def test_abort_ends_a_receive_and_a_collective_whose_peer_never_comes():
     """A group's timeout is 30 minutes by default; abort() (c10d's _abort_process_group) ends a
-    receive whose sender sends no more and an all_reduce its peer never joins within a second,
+    receive whose sender sends no more, one whose channel the sender never opened (it waited out
+    the store's timeout before) and an all_reduce its peer never joins within a second,
     each Work raising that it was interrupted, the tensors as they were (before, abort waited for
     them as shutdown does)."""
     _, (took, errors, inbox_kept, summed_kept, first) = get_cluster(2, chunk_bytes=256).run(
@@ -433,3 +436,12 @@ def test_abort_ends_a_receive_and_a_collective_whose_peer_never_comes():
     for name, error in errors.items():
         assert "interrupted" in error, (name, error)
     assert inbox_kept and summed_kept
+
+
+def test_a_group_made_again_on_the_same_store_meets_afresh():
+    """The second init_process_group("ud") on one store finds its own session and addresses and
+    its channels' (their keys carry the incarnation): the message of each round arrives, the
+    receiver first in the second (a reviewer's finding: its first message timed out, the old
+    group's port closed)."""
+    per_rank = get_cluster(2, chunk_bytes=256).run(torch_tasks.group_made_again_on_one_store, tag())
+    assert per_rank[1] == [[1.0, 1.0, 1.0], [2.0, 2.0, 1.0]], per_rank

@@ -279,7 +279,8 @@ def abort_ends_what_waits(comm, tag):
         dist.recv(first, src=0, group=group)
         inbox, summed = torch.full((3,), 7.0), torch.full((5,), 3.0)
         works = {"irecv": dist.irecv(inbox, src=0, group=group),
-                 "all_reduce": dist.all_reduce(summed, group=group, async_op=True)}
+                 "all_reduce": dist.all_reduce(summed, group=group, async_op=True),
+                 "irecv on a channel whose sender never came": dist.irecv(torch.zeros(1), src=0, group=group, tag=5)}
         dist.barrier()
         time.sleep(0.5)  # both are waiting on rank 0 now
         start = time.monotonic()
@@ -297,6 +298,28 @@ def abort_ends_what_waits(comm, tag):
         return took, errors, bool(torch.all(inbox == 7.0)), bool(torch.all(summed == 3.0)), first.tolist()
 
 
+def group_made_again_on_one_store(comm, tag):
+    """init_process_group("ud") twice on the same store, a message and an all_reduce in each; in
+    the second the receiver comes first (it read the first group's keys before): what arrived."""
+    import time
+
+    arrived = []
+    for round_ in range(2):
+        dist.init_process_group("ud", store=dist.PrefixStore(f"again-{tag}", comm.store), rank=comm.rank,
+                                world_size=comm.world_size, pg_options=udt.BackendOptions(deadline=5.0))
+        message, total = torch.zeros(2), torch.tensor([1.0])
+        if comm.rank == 0:
+            time.sleep(0.5 * round_)
+            dist.send(torch.full((2,), round_ + 1.0), dst=1)
+        elif comm.rank == 1:
+            dist.recv(message, src=0)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX)
+        dist.barrier()
+        dist.destroy_process_group()
+        arrived.append(message.tolist() + total.tolist())
+    return arrived
+
+
 def point_to_point_edges(comm, tag):
     """What a "ud" group's send and recv do at their edges: {case: outcome}."""
     import time
@@ -304,9 +327,10 @@ def point_to_point_edges(comm, tag):
     r = comm.rank
     out = {}
     with gloo_world(comm, f"p2p-edges-{tag}"):
-        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=1.5))
-        # a receive posted long before its message is sent (longer than a call's deadline: the
-        # sender is waited for as a late rank is, up to the group's timeout)
+        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=1.5,
+                                                                           communicator={"store_timeout_s": 2.0}))
+        # a receive posted long before its message is sent (longer than a call's deadline and the
+        # store's timeout: the sender is waited for as a late rank is, up to the group's timeout)
         late = torch.zeros(3)
         if r == 0:
             time.sleep(4.0)

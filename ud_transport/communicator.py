@@ -147,6 +147,7 @@ class Communicator:
         self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
+        prefix = f"{prefix}/{rendezvous.incarnation(store, prefix, world_size)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,

@@ -58,6 +58,15 @@ def _missing(store, keys):
     return [r for r, key in enumerate(keys) if not store.check([key])]
 
 
+def incarnation(store, prefix, world_size):
+    """Which communicator of this name on this store this is (0, 1, ...), the same on every rank:
+    each rank counts itself in, and the ranks of one communicator are all counted before any rank
+    of the next (that one starts after this one's rendezvous, which needs them all). Keys under
+    it are fresh, so a group made again on the same store (init_process_group twice) does not
+    read the session and addresses of the one before."""
+    return (store.add(f"{prefix}/ranks counted", 1) - 1) // world_size
+
+
 def exchange(store, prefix, rank, world_size, value, timeout_s):
     """Publish `value` (bytes) and return every rank's, in rank order."""
     keys = [f"{prefix}/{r}" for r in range(world_size)]

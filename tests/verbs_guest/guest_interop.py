@@ -103,6 +103,11 @@ class AnsweringStore:
     def set(self, key, value):
         self.values[key] = value.encode() if isinstance(value, str) else bytes(value)
 
+    def add(self, key, amount):
+        value = int(self.values.get(key, b"0")) + amount
+        self.values[key] = str(value).encode()
+        return value
+
     def get(self, key):
         value = self._known(key)
         if value is None:

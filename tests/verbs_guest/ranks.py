@@ -3,8 +3,8 @@
 Importing torch takes 30-80 s per process under TCG, so LocalCluster (which rendezvous
 through torch's TCPStore) would spend most of the CI time importing. These ranks are forked
 from a parent that has already imported numpy and ud_transport, and rendezvous through
-DirectoryStore: a directory as a key-value store with the three methods ud_transport's
-rendezvous uses (set, get, wait). On the 9p share the rig mounts in both guests, the same
+DirectoryStore: a directory as a key-value store with the methods ud_transport's
+rendezvous uses (set, get, check, wait, add). On the 9p share the rig mounts in both guests, the same
 directory works across guests. Everything below the store is the production path:
 Communicator, transports.open_transport, the verbs transport, the engine.
 """
@@ -36,6 +36,20 @@ class DirectoryStore:
     def get(self, key):
         with open(self._path(key), "rb") as source:
             return source.read()
+
+    def add(self, key, amount):
+        """1 only (what the rendezvous adds): the value is the first n whose file `key#n` this
+        call creates. O_EXCL is decided by the host's file system, so across guests on the 9p
+        share too, where a lock taken in one guest is not seen in the other."""
+        if amount != 1:
+            raise NotImplementedError("DirectoryStore.add counts by one")
+        n = 1
+        while True:
+            try:
+                os.close(os.open(self._path(f"{key}#{n}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return n
+            except FileExistsError:
+                n += 1
 
     def check(self, keys):
         return all(os.path.exists(self._path(k)) for k in keys)

@@ -165,7 +165,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         resolved = options_module.build(**overrides)
         # the store c10d hands us is already prefixed for this group
         self.communicator = Communicator(rank, world_size, store, self.config.transport, resolved, name="c10d")
-        self._channels = point_to_point.Channels(store, rank, self.config.transport, resolved, self.config.deadline)
+        self._channels = point_to_point.Channels(store, rank, self.config.transport, resolved, self.config.deadline,
+                                                 self.communicator.session_id)
         self._worker = SerialWorker(f"ud-{group_name or 'group'}")
         _common.adopt_worker(self.communicator, self._worker)  # hooks on this communicator queue behind c10d's calls
         self.counters = policy.StepCounters()

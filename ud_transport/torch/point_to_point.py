@@ -12,7 +12,9 @@ the order they were sent. A channel is opened by its first message, on its
 own thread (its rendezvous waits for the other rank, which a caller of isend
 must not), and lives as long as the group.
 """
+import datetime
 import threading
+import time
 
 import torch.distributed as dist
 
@@ -22,6 +24,7 @@ from ..errors import TransportError
 from ._worker import SerialWorker
 
 SENDER, RECEIVER = 0, 1  # the two ranks of a channel
+MEETING_POLL_S = 0.1  # how often a channel waiting for its peer looks whether it was interrupted
 
 
 def _own_connection(store):
@@ -35,11 +38,31 @@ def _own_connection(store):
         return store
 
 
+def _meet(store, me, timeout_s, interrupted, what):
+    """Wait until the channel's other rank has come too, up to timeout_s, looking every
+    MEETING_POLL_S whether the channel was interrupted. The communicator's own rendezvous, after
+    it, then finds both ranks there: its timeout (the store's, at most 60 s) is not the wait for
+    a late sender, which may load a checkpoint for minutes first."""
+    store.set(f"here/{me}", "1")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if interrupted():
+            raise TransportError(f"{what}: interrupted while waiting for the other rank's first message")
+        try:
+            store.wait([f"here/{1 - me}"], datetime.timedelta(seconds=MEETING_POLL_S))
+            return
+        except Exception as error:  # the store's timeout (DistStoreError), or its connection lost
+            if store.check([f"here/{1 - me}"]):
+                return
+            if time.monotonic() >= deadline:
+                raise TransportError(f"{what}: the other rank did not come within {timeout_s:.0f} s") from error
+
+
 class Channel:
     """Messages from one rank to another under one tag, in issue order, on a thread of their own."""
 
     def __init__(self, name, connect):
-        self._connect = connect  # () -> Communicator; it waits for the other rank
+        self._connect = connect  # (interrupted: () -> bool) -> Communicator; it waits for the other rank
         self._failed = None
         self._interrupted = False
         self.communicator = None
@@ -52,7 +75,7 @@ class Channel:
                 raise self._failed
             if self.communicator is None:
                 try:
-                    self.communicator = self._connect()
+                    self.communicator = self._connect(lambda: self._interrupted)
                 except BaseException as error:
                     self._failed = error
                     raise
@@ -62,8 +85,8 @@ class Channel:
         return self._worker.submit(run, [tensor])
 
     def interrupt(self):
-        """End the message in progress and every queued one (TransportError); a channel still
-        meeting its peer ends once it has met it or the store's timeout has passed."""
+        """End the message in progress and every queued one (TransportError), a channel still
+        waiting for its peer's first message too (within MEETING_POLL_S)."""
         self._interrupted = True
         communicator = self.communicator
         if communicator is not None:
@@ -87,13 +110,18 @@ class Channels:
         This rank in the group.
     transport : str
     options : ud_transport.Options
-        The group's communicator options (loss injection included).
+        The group's communicator options (loss injection included); a receive waits for its
+        sender's first message up to join_timeout_s, as a collective waits for a late rank.
     deadline : float or None
         Each message's deadline, as the group's collectives.
+    incarnation : int
+        Names this group's channels in the store (the group communicator's session id): a group
+        made again on the same store must not read the keys of the one before.
     """
 
-    def __init__(self, store, rank, transport, options, deadline):
+    def __init__(self, store, rank, transport, options, deadline, incarnation):
         self._store = store
+        self._incarnation = incarnation  # the same on every rank of this group, and new with each group
         self._rank = rank
         self._transport = transport
         self._options = options
@@ -130,14 +158,16 @@ class Channels:
             channel = self._channels.get(key)
             if channel is None:
                 channel = self._channels[key] = Channel(f"ud-p2p-{sender}-{receiver}-{tag}",
-                                                        lambda: self._connect(sender, receiver, tag))
+                                                        lambda interrupted: self._connect(sender, receiver, tag,
+                                                                                          interrupted))
             return channel
 
-    def _connect(self, sender, receiver, tag):
-        name = f"p2p/{sender}-{receiver}/{tag}"
+    def _connect(self, sender, receiver, tag, interrupted):
+        name = f"p2p/{self._incarnation:x}/{sender}-{receiver}/{tag}"
+        me = SENDER if self._rank == sender else RECEIVER
         store = dist.PrefixStore(name, _own_connection(self._store))
-        return Communicator(SENDER if self._rank == sender else RECEIVER, 2, store, self._transport, self._options,
-                            name=name)
+        _meet(store, me, self._options.join_timeout_s, interrupted, f"rank {self._rank}: channel {name}")
+        return Communicator(me, 2, store, self._transport, self._options, name=name)
 
     def close(self, interrupt=False):
         """Finish what is queued on every channel, then close them; `interrupt`: end it instead."""
