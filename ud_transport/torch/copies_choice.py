@@ -10,7 +10,10 @@ step carries few, and once copies work few are lost: a per-step average would
 swing), the datagram loss p is its k-th root, and the next step takes the
 fewest copies whose chunk loss stays at or below the target. More copies are
 taken at once; fewer only when the estimate is well inside the smaller number's
-bound."""
+bound and rests on a whole memory of contributions sent at the current number, and
+one copy at a time: just after a change the estimate is the old one carried over, and
+a few steps without a loss (likely at 3 copies even at 15% loss) pulled it down to a
+number that loses too much."""
 
 # 1.5% of chunks: the measured cost of losing ~1% is within the training noise floor, and the
 # bound sits between 10% loss at two copies (1%) and 1% loss at one, so neither common rate
@@ -34,6 +37,7 @@ class CopiesChooser:
         self.copies = 1
         self.lost = 0.0   # contributions lost, remembered (at self.copies)
         self.seen = 0.0   # contributions sent, remembered
+        self.seen_at_copies = 0  # contributions sent since self.copies last changed
 
     @property
     def datagram_loss(self):
@@ -47,13 +51,16 @@ class CopiesChooser:
         keep = max(0.0, 1.0 - self.contributions / MEMORY)
         self.lost = self.lost * keep + chunk_loss * self.contributions
         self.seen = self.seen * keep + self.contributions
+        self.seen_at_copies += self.contributions
         loss = self.datagram_loss
         wanted = self.fewest_copies(loss, self.target)
         if wanted < self.copies:
-            wanted = max(wanted, self.fewest_copies(loss, self.target * FEWER_MARGIN))
+            wanted = self.copies if self.seen_at_copies < MEMORY else \
+                max(wanted, self.copies - 1, self.fewest_copies(loss, self.target * FEWER_MARGIN))
         if wanted != self.copies:
             self.lost = self.seen * loss ** wanted  # the same datagram loss, as chunk loss at the new number
             self.copies = wanted
+            self.seen_at_copies = 0
         return self.copies
 
     def fewest_copies(self, loss, target):
