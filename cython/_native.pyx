@@ -213,6 +213,7 @@ COLLECTIVE_REDUCE_SCATTER = UDT_REDUCE_SCATTER
 COLLECTIVE_ALL_GATHER = UDT_ALL_GATHER
 COLLECTIVE_BROADCAST = UDT_BROADCAST
 COLLECTIVE_AGREE = UDT_AGREE
+COLLECTIVE_ALL_TO_ALL = UDT_ALL_TO_ALL
 ALGORITHM_RING = UDT_ALGORITHM_RING
 ALGORITHM_DIRECT = UDT_ALGORITHM_DIRECT
 
@@ -371,8 +372,8 @@ def chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, u
                      uint32_t chunk_bytes):
     """Bytes of the chunk mask a call can fill (0: none for this collective and algorithm):
     reduce_scatter, world_size rows of this rank's shard's chunks (1: that rank's contribution
-    reached the chunk; direct schedule or two ranks); all_gather, broadcast, allreduce, one
-    per chunk of the tensor (1: fresh)."""
+    reached the chunk; direct schedule or two ranks); all_gather, broadcast, allreduce,
+    all_to_all, one per chunk of the tensor (the output; 1: fresh)."""
     return udt_chunk_mask_bytes(collective, algorithm, count, dtype, rank, world_size, chunk_bytes)
 
 

@@ -57,6 +57,7 @@ cdef extern from "schedule.h" nogil:
         UDT_ALL_GATHER
         UDT_BROADCAST
         UDT_AGREE
+        UDT_ALL_TO_ALL
         UDT_ALGORITHM_RING
         UDT_ALGORITHM_DIRECT
         UDT_RECV_REDUCE

@@ -131,6 +131,14 @@ static void save_original(struct call *c, uint32_t block, uint32_t chunk)
 
 static int reduces(const struct call *c) { return c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER; }
 static int gathers(const struct call *c) { return c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE; }
+/* all_to_all sends every chunk of its input as it is and receives into its output: what a
+ * step sends never depends on what arrived */
+static int sends_input(const struct call *c) { return c->args.collective == UDT_ALL_TO_ALL; }
+/* the output block the caller's input fills before anything arrives (own shard, own piece) */
+static int holds_own_block(const struct call *c)
+{
+    return c->args.collective == UDT_ALL_GATHER || c->args.collective == UDT_ALL_TO_ALL;
+}
 
 static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chunk_bytes)
 {
@@ -302,6 +310,8 @@ static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
 {
     uint64_t base = c->chunk_base[step->send_block];
     uint32_t count = chunks_in_block(c, step->send_block), sending = 0;
+    if (sends_input(c))
+        return count;
     for (uint32_t k = 0; k < count; k++)
         sending += (step->phase == UDT_STEP_GATHER ? c->final_count[base + k] : c->rs_count[base + k]) != 0;
     return sending;
@@ -359,7 +369,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
             break;
         }
         uint64_t id = base + chunk;
-        uint16_t contributions = step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
+        uint16_t contributions = sends_input(c) ? 1 : step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
         if (contributions == 0)
             continue; /* gather: we never got this chunk; the receiver keeps its own */
         struct udt_wire_header h;
@@ -371,7 +381,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
         udt_wire_encode(&h, comm->headers[b->n]);
         const void *payload;
-        if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
+        if (sends_input(c) || !(c->chunk_flags[id] & SCRATCH_VALID)) {
             save_original(c, block, chunk);
             payload = input_at(c, first); /* our own input, untouched (in place: the tensor, unchanged) */
         } else if (identity) {
@@ -994,7 +1004,7 @@ uint64_t udt_fresh_elements(const struct call *c)
         return c->args.count;
     uint64_t fresh = 0;
     for (uint32_t block = 0; block < c->n; block++) {
-        if (c->args.collective == UDT_ALL_GATHER && block == c->schedule.owned_block) {
+        if (holds_own_block(c) && block == c->schedule.owned_block) {
             fresh += c->block_first[block + 1] - c->block_first[block];
             continue;
         }
@@ -1130,7 +1140,7 @@ static void write_gathered(struct call *c)
     uint8_t *out = c->args.output;
     struct write_run run = {0};
     for (uint32_t block = 0; block < c->n; block++) {
-        int own_input = c->args.collective == UDT_ALL_GATHER && block == c->schedule.owned_block;
+        int own_input = holds_own_block(c) && block == c->schedule.owned_block;
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint64_t id = c->chunk_base[block] + chunk;
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
@@ -1159,7 +1169,8 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
     if (collective == UDT_REDUCE_SCATTER)
         return algorithm == UDT_ALGORITHM_DIRECT || world_size <= 2
                    ? (uint64_t)world_size * udt_chunks_for(udt_block_length(count, world_size, rank), chunk_elements) : 0;
-    if (collective == UDT_ALL_GATHER || collective == UDT_BROADCAST || collective == UDT_ALLREDUCE) {
+    if (collective == UDT_ALL_GATHER || collective == UDT_BROADCAST || collective == UDT_ALLREDUCE ||
+        (collective == UDT_ALL_TO_ALL && count % world_size == 0)) {
         uint64_t total = 0;
         for (uint32_t b = 0; b < world_size; b++)
             total += udt_chunks_for(udt_block_length(count, world_size, b), chunk_elements);
@@ -1232,6 +1243,7 @@ int udt_write_output(struct call *c)
     }
     case UDT_ALL_GATHER:
     case UDT_BROADCAST:
+    case UDT_ALL_TO_ALL:
         write_gathered(c);
         break;
     default:
@@ -1302,7 +1314,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
         c->state[g].receives_after = receives_after;
         if (c->step[g].recv_peer != UDT_NO_PEER) {
             c->state[g].expected = chunks_in_block(c, c->step[g].recv_block);
-            c->state[g].relayed = sent_later[c->step[g].recv_block] != 0;
+            c->state[g].relayed = !sends_input(c) && sent_later[c->step[g].recv_block] != 0;
             receives_after++;
         }
         if (c->step[g].send_peer != UDT_NO_PEER)
@@ -1331,7 +1343,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
     /* what this rank holds fresh before anything arrives: all_gather's own
      * shard, everything at a broadcast's root */
     uint32_t own = c->schedule.owned_block;
-    if (a->collective == UDT_ALL_GATHER)
+    if (holds_own_block(c))
         for (uint64_t id = c->chunk_base[own]; id < c->chunk_base[own + 1]; id++)
             c->final_count[id] = 1;
     if (a->collective == UDT_BROADCAST && c->rank == a->root)
@@ -1366,6 +1378,14 @@ static int valid_args(const struct udt_comm *comm, const struct udt_collective_a
         return 0;
     if (a->copies > UDT_MAX_COPIES)
         return 0;
+    if (a->collective == UDT_ALL_TO_ALL) {
+        /* equal blocks, so that what rank r sends rank q is as long as q's block for it; written
+         * as it arrives, the output must not be the input the later steps still send from */
+        uint64_t bytes = a->count * (uint64_t)udt_wire_elem_bytes(a->dtype);
+        const uint8_t *in = a->input, *out = a->output;
+        if (a->count % comm->world_size || (a->direct_output && bytes && in < out + bytes && out < in + bytes))
+            return 0;
+    }
     if (a->chunk_mask) {
         uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
                                              comm->options.chunk_bytes);

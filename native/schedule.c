@@ -101,6 +101,21 @@ static void direct_gather(struct builder *b, int32_t send_after)
     }
 }
 
+/* All-to-all, N-1 rounds: in round k send input block r+k to rank r+k, take
+ * output block r-k from rank r-k: each piece travels once, straight to the
+ * rank it is for (the direct reduce-scatter's pattern, nothing summed). Sends
+ * read the input and receives write the output, so no receive waits on a
+ * send and nothing is relayed. */
+static void all_to_all(struct builder *b)
+{
+    for (uint32_t k = 1; k < b->n; k++) {
+        struct udt_step *s = add_step(b, UDT_STEP_GATHER);
+        set_send(s, wrap((int64_t)b->rank + k, b->n), wrap((int64_t)b->rank + k, b->n), UDT_NO_STEP);
+        set_recv(s, wrap((int64_t)b->rank - k, b->n), wrap((int64_t)b->rank - k, b->n), UDT_RECV_OVERWRITE);
+        s->recv_contributions = 1;
+    }
+}
+
 /* Broadcast's first half, N-1 rounds: the root hands block root+k to rank
  * root+k in round k; every other rank receives its own block once. */
 static void scatter_from_root(struct builder *b, uint32_t root)
@@ -140,6 +155,7 @@ uint32_t udt_schedule_steps(int collective, int algorithm, uint32_t world_size)
         return 2 * (world_size - 1);
     case UDT_REDUCE_SCATTER:
     case UDT_ALL_GATHER:
+    case UDT_ALL_TO_ALL:
         return world_size - 1;
     default:
         return 0;
@@ -199,11 +215,21 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
             schedule->owned_block = rank;
             schedule->critical_path = ring ? (int32_t)n : 2;
             break;
+        case UDT_ALL_TO_ALL: /* one schedule whatever the algorithm: a ring would relay every piece */
+            all_to_all(&b);
+            schedule->owned_block = rank;
+            schedule->critical_path = 1;
+            break;
         default: /* UDT_AGREE: no data */
             break;
         }
     }
     schedule->steps = b.next;
+    if (collective == UDT_ALL_TO_ALL) { /* input and output are apart: no hazards, every piece whole */
+        for (uint32_t g = 0; g < b.next; g++)
+            out[g].recv_whole = 1;
+        return 0;
+    }
     mark_receive_hazards(out, b.next, world_size, block_scratch);
     /* whole blocks: every reduce step (each rank holds its input everywhere, a
      * scatter comes from the root), a broadcast's root, and an owner sending

@@ -17,7 +17,8 @@ enum udt_collective {
     UDT_ALL_GATHER = 2,
     UDT_BROADCAST = 3,
     UDT_AGREE = 4, /* no data: only the verdict round */
-    UDT_COLLECTIVE_COUNT = 5,
+    UDT_ALL_TO_ALL = 5, /* block q of rank r's input becomes block r of rank q's output */
+    UDT_COLLECTIVE_COUNT = 6,
 };
 
 enum udt_algorithm {

@@ -1,8 +1,9 @@
 """Time ud_transport's exact broadcast and all-gather (ud_transport.exact: what the "ud" backend
-runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync) and a ring
+runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync), a ring
 shift of messages on a "ud" group (every rank isends its tensor to the next and irecvs the
-previous one's: send and recv, as a pipeline moves activations) against Gloo's, on the same
-ranks in the same run, optionally under real packet loss.
+previous one's: send and recv, as a pipeline moves activations) and all_to_all_single on a
+"ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
+tokens) against Gloo's, on the same ranks in the same run, optionally under real packet loss.
 
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
@@ -15,7 +16,7 @@ thread per core has each rank's parallel copies wait for threads that other rank
 off the cores (8 ranks on 2 cores: an exact all-gather took twice as long). torchrun sets one
 thread per process for the same reason. "calls" is how many calls that carry data one exact
 call made on average (1 when nothing was lost; then the repairs; the mask exchanges between
-them are not counted).
+them are not counted; not known for all_to_all, which runs through the group).
 """
 import argparse
 import os
@@ -48,6 +49,8 @@ def timed(comm, config):
     gathered = torch.empty(count // n * n, dtype=torch.float32)
     tensor = torch.empty(count, dtype=torch.float32)
     message, inbox = torch.full((count,), float(comm.rank)), torch.empty(count, dtype=torch.float32)
+    pieces = torch.arange(count // n * n, dtype=torch.float32) // (count // n) + 100 * comm.rank  # piece q: 100 r + q
+    routed = torch.empty_like(pieces)
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
     def shift(backend):
@@ -65,6 +68,8 @@ def timed(comm, config):
         "gloo all_gather": lambda: (dist.all_gather_single(gathered, shard), 1)[1],
         "ud send/recv": lambda: shift("ud"),
         "gloo send/recv": lambda: shift("gloo"),
+        "ud all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["ud"]), None)[1],
+        "gloo all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["gloo"]), 1)[1],
     }
     if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
@@ -73,12 +78,16 @@ def timed(comm, config):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
             tensor.fill_(comm.rank)
             inbox.fill_(-1)
+            routed.fill_(-1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             start = time.perf_counter()
             calls = run()
             elapsed = time.perf_counter() - start
             if name.endswith("broadcast"):
                 assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
+            elif name.endswith("all_to_all"):
+                want = torch.arange(n, dtype=torch.float32).repeat_interleave(count // n) * 100 + comm.rank
+                assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"
             elif name.endswith("send/recv"):
                 assert torch.all(inbox == (comm.rank - 1) % n), "a message ended with other values than its sender's"
             else:
@@ -123,7 +132,8 @@ def main():
         p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
         peer = slowest.get(name.replace("ud ", "gloo ")) if name.startswith("ud ") else None
         ratio = f"{p50 / np.percentile(peer, 50):.2f}x, {p99 / np.percentile(peer, 99):.2f}x" if peer is not None else ""
-        calls = f"{np.mean(per_rank[0][name][1]):.2f}" if name.startswith("ud ") else ""
+        known = [calls for calls in per_rank[0][name][1] if calls is not None]
+        calls = f"{np.mean(known):.2f}" if name.startswith("ud ") and known else ""
         print(f"| {name} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | {ratio} | {calls} |")
     return 0
 

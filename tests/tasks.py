@@ -321,12 +321,15 @@ def every_collective_failing(comm, count, algorithm, how):
         "reduce_scatter": lambda t: comm.reduce_scatter(t[0], t[1], loss_budget=budget, deadline=deadline, algorithm=algorithm),
         "all_gather": lambda t: comm.all_gather(t[0], t[1], loss_budget=budget, deadline=deadline, algorithm=algorithm),
         "broadcast": lambda t: comm.broadcast(t[0], root, loss_budget=budget, deadline=deadline, algorithm=algorithm),
+        "all_to_all": lambda t: comm.all_to_all(t[0], t[1], loss_budget=budget, deadline=deadline),
     }
+    whole = count // comm.world_size * comm.world_size  # equal blocks (differing across ranks for "layout")
     operands = {
         "allreduce": (values.copy(),),
         "reduce_scatter": (values.copy(), np.full(stop - start, -7.0, dtype=np.float32)),
         "all_gather": (values[start:stop].copy(), np.full(count, -7.0, dtype=np.float32)),
         "broadcast": (values.copy(),),
+        "all_to_all": (values[:whole].copy(), np.full(whole, -7.0, dtype=np.float32)),
     }
     outcome = {}
     for name, call in calls.items():

@@ -75,11 +75,11 @@ def test_within_budget_succeeds_under_the_same_loss():
 @pytest.mark.parametrize("how", ["budget", "layout"])
 @pytest.mark.parametrize("in_place_min_bytes", [0, -1])
 def test_every_collective_keeps_its_tensors_on_error(how, algorithm, in_place_min_bytes):
-    """allreduce, reduce_scatter, all_gather and broadcast that fail (loss over
-    a zero budget at 30% loss; ranks calling with different sizes or roots)
-    raise the same error on every rank and leave the tensor, and for
-    reduce_scatter and all_gather the input and the output, untouched; the
-    allreduce summing in place and in the scratch."""
+    """allreduce, reduce_scatter, all_gather, broadcast and all_to_all that fail
+    (loss over a zero budget at 30% loss; ranks calling with different sizes or
+    roots) raise the same error on every rank and leave the tensor, and for
+    reduce_scatter, all_gather and all_to_all the input and the output,
+    untouched; the allreduce summing in place and in the scratch."""
     if how == "budget":
         cluster = get_cluster(LOSSY_WORLD, in_place_min_bytes=in_place_min_bytes, **LOSSY)
         want = "LossBudgetExceeded"

@@ -15,7 +15,7 @@ import pytest
 import ud_transport
 from ud_transport import environment
 
-COLLECTIVES = ["allreduce", "reduce_scatter", "all_gather", "broadcast", "agree"]
+COLLECTIVES = ["allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "agree"]
 
 
 def modules():

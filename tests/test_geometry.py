@@ -127,3 +127,19 @@ def test_a_receive_is_whole_exactly_when_its_sender_holds_the_whole_block(collec
             else:
                 whole = sender_summary["owned_block"] == step["recv_block"]
             assert bool(step["recv_whole"]) == whole, (rank, g, step)
+
+
+@pytest.mark.parametrize("algorithm", [RING, DIRECT])
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_all_to_all_sends_each_piece_straight_to_its_receiver(algorithm, world):
+    """In round k rank r sends its input block r+k to rank r+k, which takes it as its output
+    block r in the same round: every piece once, no relay, whatever the algorithm asked."""
+    every = schedules(_native.COLLECTIVE_ALL_TO_ALL, algorithm, world)
+    for rank, (summary, steps) in enumerate(every):
+        assert len(steps) == world - 1 and summary["owned_block"] == rank and summary["critical_path"] == 1
+        assert sorted(s["send_peer"] for s in steps) == sorted(set(range(world)) - {rank})
+        for i, step in enumerate(steps):
+            assert step["send_block"] == step["send_peer"] and step["recv_block"] == step["recv_peer"]
+            peer_step = every[step["send_peer"]][1][i]
+            assert peer_step["recv_peer"] == rank and peer_step["recv_block"] == rank
+            assert step["recv_whole"] and step["recv_needs_sent"] == 0 and step["send_after"] == NO_PEER

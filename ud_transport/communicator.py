@@ -17,7 +17,7 @@ log = logging.getLogger("ud_transport")
 
 COLLECTIVE_NAMES = {_native.COLLECTIVE_ALLREDUCE: "allreduce", _native.COLLECTIVE_REDUCE_SCATTER: "reduce_scatter",
                     _native.COLLECTIVE_ALL_GATHER: "all_gather", _native.COLLECTIVE_BROADCAST: "broadcast",
-                    _native.COLLECTIVE_AGREE: "agree"}
+                    _native.COLLECTIVE_AGREE: "agree", _native.COLLECTIVE_ALL_TO_ALL: "all_to_all"}
 
 
 def _seconds(deadline):
@@ -339,17 +339,18 @@ class Communicator:
 
         Parameters
         ----------
-        collective : {"reduce_scatter", "all_gather", "broadcast"}
+        collective : {"reduce_scatter", "all_gather", "broadcast", "all_to_all"}
         tensor : numpy.ndarray or torch.Tensor
-            The full tensor of the call (reduce_scatter's input, all_gather's output, broadcast's tensor).
+            The full tensor of the call (reduce_scatter's input, all_gather's and all_to_all's output,
+            broadcast's tensor).
         algorithm : {"ring", "direct", "auto"}, optional
             The call's algorithm (None: the default, as the call resolves it).
 
         Returns
         -------
         numpy.ndarray of uint8
-            reduce_scatter: (world_size, chunks of this rank's shard); all_gather and broadcast:
-            (chunks of the tensor,).
+            reduce_scatter: (world_size, chunks of this rank's shard); all_gather, broadcast and
+            all_to_all: (chunks of the tensor,).
 
         Raises
         ------
@@ -364,11 +365,14 @@ class Communicator:
         import numpy as np
 
         codes = {"reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER, "all_gather": _native.COLLECTIVE_ALL_GATHER,
-                 "broadcast": _native.COLLECTIVE_BROADCAST}
+                 "broadcast": _native.COLLECTIVE_BROADCAST, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL}
         if collective not in codes:
             raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
         view = view_of(tensor)
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
+        if collective == "all_to_all":
+            self._check_all_to_all_count(view.count)
+            algorithm_name = "direct"  # its only schedule
         size = _native.chunk_mask_bytes(codes[collective], algorithms.CODES[algorithm_name], view.count, view.dtype_code,
                                         self.rank, self.world_size, self.chunk_bytes)
         if size == 0 and view.count:
@@ -523,6 +527,54 @@ class Communicator:
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
                          direct_output=direct_output, layout_salt=layout_salt)
+
+    @_documented
+    def all_to_all(self, tensor, output, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
+                   direct_output=False, layout_salt=0):
+        """Exchange pieces: block q of this rank's `tensor` goes to rank q, and block p of `output`
+        receives rank p's block for this rank (blocks as ``shard_range``: world_size equal parts).
+
+        Each piece travels once, straight from its sender to its receiver (in round k rank r sends
+        to r + k and hears from r - k). Lossy as all_gather: a chunk that does not arrive keeps
+        what `output` held; this rank's own block is copied from `tensor`.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            What this rank sends, world_size blocks of one length; only read.
+        output : numpy.ndarray or torch.Tensor
+            Of `tensor`'s size and dtype. It may be `tensor` itself: the sends read `tensor`,
+            and what arrives waits in the scratch until the call succeeds.
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("all_to_all", output)``: on success, 1 for every chunk of `output`
+            that is fresh (block p: rank p's piece).
+        direct_output : bool, default False
+            As for all_gather: chunks are written into `output` as they arrive, and a call that
+            fails may leave it partly written; `output` must then not overlap `tensor`.
+        layout_salt : int, default 0
+            As for all_gather: checked with the layout on every rank.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.all_to_all(tokens_by_expert, received, loss_budget=0.0)  # doctest: +SKIP
+        """
+        source, target = view_of(tensor), view_of(output)
+        self._check_pair(source, target, source.count, "output", "tensor")
+        self._check_all_to_all_count(source.count)
+        if direct_output and source.nbytes and source.address < target.address + target.nbytes \
+                and target.address < source.address + source.nbytes:
+            raise ValueError("all_to_all with direct_output needs an output apart from the tensor it sends")
+        return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, source.count, loss_budget=loss_budget,
+                         deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
+                         direct_output=direct_output, layout_salt=layout_salt)
+
+    def _check_all_to_all_count(self, count):
+        if count % self.world_size:
+            raise ValueError(f"all_to_all moves {self.world_size} equal blocks: {count} elements do not divide by "
+                             f"{self.world_size} ranks (pad each rank's pieces to one length)")
 
     def agree(self, value, *, deadline=None):
         """The largest `value` over all ranks, the same on every rank.

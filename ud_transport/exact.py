@@ -328,6 +328,128 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
 
 
 @_without_autograd
+def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+    """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
+    p of `output` takes rank p's block for this rank, exactly; each piece crosses the network
+    once (``Communicator.all_to_all``). `output`, of `tensor`'s size, is written only on success
+    and may be `tensor` itself. Returns the stats of each call."""
+    import torch
+
+    n = comm.world_size
+    source, target = _as_torch(tensor), _as_torch(output, writes=True)
+    if source.nbytes != target.nbytes or source.nbytes % n:
+        raise ValueError(f"all_to_all needs an output of the tensor's size ({source.nbytes} bytes, not "
+                         f"{target.nbytes}) in {n} blocks of equal bytes")
+    block_bytes = source.nbytes // n
+    width = -(-block_bytes // 4)  # a block as whole 32-bit words, padded where it is not
+    words, _ = as_words(source)
+    with contextlib.ExitStack() as stack:
+        if 4 * width != block_bytes:
+            padded = stack.enter_context(_borrowed(comm, n * width))
+            padded.view(torch.uint8).view(n, 4 * width)[:, :block_bytes].copy_(words.view(torch.uint8)[:source.nbytes].view(n, block_bytes))
+            words = padded
+        received = stack.enter_context(_borrowed(comm, n * width))
+
+        def attempt(mask, copies):
+            return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
+                                   direct_output=True, layout_salt=source.nbytes)  # received is ours
+
+        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline)
+        rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
+        out_words, copy_back = as_words(target, writes=True)
+        out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
+    copy_back()
+    return stats
+
+
+def _pieces_exactly(comm, attempt, source, target, attempts, deadline):
+    """all_to_all of int32 `source` into `target` until every rank holds every piece: a call with
+    a chunk mask, then repairs (or, below REPAIR_MIN_CHUNKS, whole calls again until no rank lacks
+    a chunk, agreed). Unlike a broadcast's, every rank's result differs: completeness is read
+    from the masks, never from comparing copies."""
+    if target.numel() == 0:
+        return []
+    held = comm.chunk_mask("all_to_all", target)
+    small = held.size < REPAIR_MIN_CHUNKS
+    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
+    first = attempt(held, copies)
+    if first.gather_fraction >= 1.0:
+        return [first]
+    calls = [first]
+    held = held.astype(bool)
+    for _ in range(attempts - 1):
+        if small:  # repeat whole; a chunk that came before keeps its value where this call's does not come
+            if not comm.agree(not held.all(), deadline=deadline):
+                return calls
+            mask = comm.chunk_mask("all_to_all", target)
+            calls.append(attempt(mask, copies))
+            held |= mask.astype(bool)
+        else:
+            return calls + _repair_pieces(comm, source, target, held, first, attempts - 1, deadline)
+    if small and not comm.agree(not held.all(), deadline=deadline):
+        return calls
+    raise LossBudgetExceeded(f"rank {comm.rank}: exact all_to_all still incomplete after {attempts} attempts", calls[-1])
+
+
+def _repair_pieces(comm, source, target, held, first, attempts, deadline):
+    """Fill the chunks of `target` some rank lacks, as _repair does for an all_gather: every
+    rank's mask gathered exactly, then rank p sends each rank r the chunks of its block r that r
+    lacks from p, every pair's padded to the most any pair lacks, in one small all_to_all."""
+    import numpy as np
+    import torch
+
+    n, me = comm.world_size, comm.rank
+    starts, stops = comm.chunk_bounds(target.numel(), "int32")
+    step = comm.chunk_elements("int32")
+    per_block = held.size // n  # equal blocks: an all_to_all's chunks are n rows of one length
+    packed = np.packbits(held)
+    everyone = np.empty((n, packed.size), dtype=np.uint8)
+    calls = []
+    loss = min(0.5, 1.0 - first.gather_fraction)
+    for _ in range(attempts):
+        packed[:] = np.packbits(held)
+        all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
+        lacked = ~np.unpackbits(everyone, axis=1, count=held.size).astype(bool)  # receiver, chunk
+        if not lacked.any():
+            return calls
+        counts = lacked.reshape(n, n, per_block).sum(axis=2)  # receiver, sender
+        slots = int(counts.max())
+
+        def pairs(receiver_rows, sender_of_row):
+            """(chunk within its block, slot in the repair) for each row's lacking chunks."""
+            chunk, slot = [], []
+            for row, (receiver, sender) in enumerate(zip(receiver_rows, sender_of_row)):
+                lacking = np.flatnonzero(lacked[receiver, sender * per_block:(sender + 1) * per_block])
+                chunk.append(lacking)
+                slot.append(row * slots + np.arange(lacking.size))
+            return np.concatenate(chunk), np.concatenate(slot)
+
+        # as a sender: row r of the repair carries what r lacks from us, out of our block r
+        chunks_out, slots_out = pairs(range(n), [me] * n)
+        blocks_out = np.repeat(np.arange(n), [int(counts[r, me]) for r in range(n)])
+        outgoing = torch.zeros(n * slots * step, dtype=torch.int32)
+        into, out_of = _element_pairs(starts, stops, blocks_out * per_block + chunks_out, slots_out, step)
+        outgoing[into] = source[out_of]
+        incoming = torch.empty(n * slots * step, dtype=torch.int32)
+        arrived = comm.chunk_mask("all_to_all", incoming)
+        copies = _repair_copies(loss, n * slots, int(counts.sum()), held.size)
+        calls.append(comm.all_to_all(outgoing, incoming, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
+                                     copies=copies, direct_output=True))
+        # as a receiver: row p of the repair holds what we lack from p, for our block p
+        chunks_in, slots_in = pairs([me] * n, range(n))
+        blocks_in = np.repeat(np.arange(n), [int(counts[me, p]) for p in range(n)])
+        wanted = blocks_in * per_block + chunks_in
+        taken = arrived[slots_in].astype(bool)
+        out_of, into = _element_pairs(starts, stops, wanted[taken], slots_in[taken], step)
+        target[into] = incoming[out_of]
+        held[wanted[taken]] = True
+        if calls[-1].gather_fraction >= 1.0:
+            return calls
+    raise LossBudgetExceeded(f"rank {me}: exact all_to_all still incomplete after {attempts} repairs",
+                             calls[-1] if calls else first)
+
+
+@_without_autograd
 def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None):
     """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,
     exactly and bitwise identically on every rank. op: sum, mean/avg, max,

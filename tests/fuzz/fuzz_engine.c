@@ -5,7 +5,7 @@
  * out-of-bounds access or undefined behaviour; the harness also checks that
  * a call always ends.
  *
- * Input: byte 0 picks the collective and algorithm; then records of
+ * Input: byte 0 picks the collective (bit 7: all_to_all) and algorithm; then records of
  * [flags][peer][length: 2 bytes LE][datagram]. Flag bit 0 overwrites magic,
  * version, session, sequence, source rank and layout tag with the call's own,
  * so the fuzzer reaches the checks behind them without guessing 20 bytes.
@@ -55,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < COUNT; i++)
         input[i] = output[i] = (float)i;
     struct udt_collective_args args = {
-        .collective = data[0] % 4, .algorithm = (data[0] >> 2) & 1, .input = input, .output = output, .count = COUNT,
+        .collective = data[0] & 0x80 ? UDT_ALL_TO_ALL : data[0] % 4, .algorithm = (data[0] >> 2) & 1, .input = input, .output = output, .count = COUNT,
         .dtype = UDT_FLOAT32, .op = UDT_OP_SUM, .estimator = UDT_ESTIMATOR_UNBIASED, .root = (data[0] >> 3) % WORLD,
         .loss_budget = 1.0, .deadline_s = 0.01};
     /* reduce_scatter writes a shard, all_gather reads one: both fit in COUNT */

@@ -133,6 +133,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int in_place = (data[1] >> 5) & 1;
     args.copies = 1 + ((data[1] >> 6) & 3);
     args.count = data[2];
+    if (args.collective == UDT_ALL_TO_ALL)
+        args.count -= args.count % world; /* equal blocks */
     args.op = data[3] & 1;
     args.estimator = (data[3] >> 1) & 1;
     int want_mask = (data[3] >> 2) & 1;
@@ -152,7 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         output[i] = (uint8_t)(i * 3);
     args.input = in_count ? input : NULL;
     args.output = out_count ? output : NULL;
-    if (in_place && args.collective == UDT_ALLREDUCE)
+    if (in_place && (args.collective == UDT_ALLREDUCE || args.collective == UDT_ALL_TO_ALL))
         args.input = args.output;
     uint8_t *mask = NULL;
     if (want_mask) {

@@ -23,14 +23,15 @@ def header(**fields):
 
 
 def seed(selector):
-    collective, algorithm, root = selector % 4, (selector >> 2) & 1, (selector >> 3) % WORLD
+    all_to_all = selector & 0x80  # as the harness reads byte 0
+    collective, algorithm, root = 5 if all_to_all else selector % 4, (selector >> 2) & 1, (selector >> 3) % WORLD
     _, steps = _native.schedule(collective, algorithm, 0, WORLD, root, 0)
     out = bytes([selector])
     for peer in range(1, WORLD):  # "are you in this call?" and its answer
         out += record(peer, header(kind=wire_format.KIND_JOIN, contributions=0))
         out += record(peer, header(kind=wire_format.KIND_JOIN, contributions=0, flags=wire_format.JOIN_REPLY))
     for index, step in enumerate(steps):
-        phase = wire_format.PHASE_GATHER if (collective == 2 or index >= WORLD - 1) else wire_format.PHASE_REDUCE
+        phase = wire_format.PHASE_GATHER if (collective in (2, 5) or index >= WORLD - 1) else wire_format.PHASE_REDUCE
         if step["recv_peer"] >= 0:
             for chunk in range(2):
                 payload = struct.pack("<16f", *([1.0] * CHUNK_ELEMENTS))
@@ -48,7 +49,7 @@ def seed(selector):
 def main():
     directory = pathlib.Path(sys.argv[1])
     directory.mkdir(parents=True, exist_ok=True)
-    for selector in range(24):
+    for selector in list(range(24)) + [0x80, 0x84]:  # and all_to_all
         (directory / f"seed-{selector:02d}").write_bytes(seed(selector))
 
 

@@ -50,7 +50,7 @@ def main(directory):
     out = pathlib.Path(directory)
     rng = random.Random(1)
     index = 0
-    for collective in range(5):
+    for collective in range(6):  # allreduce .. agree, all_to_all
         for algorithm in range(2):
             for world in (2, 3, 4, 5):
                 for count in (96, 7, 200):

@@ -1,14 +1,12 @@
 """The collectives c10d asks for that the engine has no schedule of its own for, built from the
-exact ones: reduce (an exact allreduce whose result only the root keeps), scatter (an exact
-broadcast of every rank's piece, each keeping its own) and all-to-all (an exact all-gather of
-every rank's whole input, each keeping what is addressed to it). gather is the backend's
-all_gather with outputs on the root only.
+exact ones: reduce (an exact allreduce whose result only the root keeps) and scatter (an exact
+broadcast of every rank's piece, each keeping its own). gather is the backend's all_gather with
+outputs on the root only. all-to-all rides the engine's own all_to_all (each piece sent once,
+straight to its receiver), with pieces of uneven sizes padded to the largest.
 
-Exact and correct, not economical: every rank receives what only the root (gather) or only its
-addressee (all-to-all) needs, so all-to-all moves world_size times the bytes of a point-to-point
-exchange. Right for metrics, metadata and the object collectives built on these; a model whose
-every step runs all-to-all (mixture of experts) wants point-to-point schedules, which the engine
-does not have.
+Exact and correct, not economical where a root is involved: every rank receives what only the
+root (gather) or only its addressee (scatter) needs. Right for metrics, metadata and the object
+collectives built on these.
 
 Each function runs on the backend's worker and is called on every rank of the group alike.
 """
@@ -45,25 +43,31 @@ def check_scatter_pieces(pieces, output, world_size):
 def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     """all_to_all_single: rows of `source` (split along dim 0 by input_splits, evenly if empty) go
     to the ranks in order; `output` gets each rank's rows for this one, in rank order (its dim 0
-    split by output_splits). The splits of every rank are exchanged first and checked against each
-    other, so every rank takes the same verdict: a mismatch is a ValueError on all of them."""
-    n, rank = comm.world_size, comm.rank
+    split by output_splits). Uneven splits are exchanged first and checked against each other, so
+    every rank takes the same verdict: a mismatch is a ValueError on all of them. Even splits
+    need no exchange: every piece is a rank's rows / world_size, and a rank whose size differs is
+    a LayoutMismatch on all of them."""
+    n = comm.world_size
     row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
-    mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
-    table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
-    exact.all_gather(comm, mine, table, deadline=deadline)
-    _check_table(table, n)
-    widest = int(table[:, :n].sum(dim=1).max()) * row
-    if widest == 0:
+    if output_splits or input_splits:
+        mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
+        table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
+        exact.all_gather(comm, mine, table, deadline=deadline)
+        _check_table(table, n)
+        width = int(table[:, :n].max()) * row  # the largest piece any rank sends any rank
+    else:
+        width = sends[0] * row
+    if width == 0:
         return
-    padded = torch.zeros(widest, dtype=source.dtype)
-    padded[:source.numel()] = source.reshape(-1)
-    gathered = torch.empty((n, widest), dtype=source.dtype)
-    exact.all_gather(comm, padded, gathered, deadline=deadline)
-    offsets = torch.cumsum(table[:, :n], dim=1) - table[:, :n]  # where each sender's rows for each rank start
-    pieces = [gathered[sender, int(offsets[sender, rank]) * row:int(offsets[sender, rank] + table[sender, rank]) * row]
-              for sender in range(n)]
-    output.copy_(torch.cat(pieces).view(output.shape))
+    if all(count * row == width for count in sends + receives):  # every piece full: no padding
+        exact.all_to_all(comm, source, output, deadline=deadline)  # rows split evenly = bytes split evenly
+        return
+    padded = torch.zeros((n, width), dtype=source.dtype)
+    for receiver, piece in enumerate(source.reshape(-1).split([count * row for count in sends])):
+        padded[receiver, :piece.numel()] = piece
+    received = torch.empty((n, width), dtype=source.dtype)
+    exact.all_to_all(comm, padded.view(-1), received.view(-1), deadline=deadline)
+    output.copy_(torch.cat([received[sender, :count * row] for sender, count in enumerate(receives)]).view(output.shape))
 
 
 def plan_all_to_all(output, source, output_splits, input_splits, world_size):

@@ -1,0 +1,98 @@
+"""What the ranks of the all_to_all tests run (importable by the cluster's workers)."""
+import numpy as np
+import torch
+
+import ud_transport
+from ud_transport import exact
+from tasks import as_numpy
+
+
+def piece_values(sender, receiver, block, dtype, call=0):
+    """What `sender` sends `receiver` in call `call`: distinct per pair and position, exact in
+    every dtype (small integers)."""
+    values = (np.arange(block) % 50 + 64 * sender + 8 * receiver + call) % 200 - 100
+    return torch.tensor(values, dtype=torch.bfloat16) if dtype == "bfloat16" else values.astype(dtype)
+
+
+def sent_by(rank, world, block, dtype, call=0):
+    pieces = [piece_values(rank, receiver, block, dtype, call) for receiver in range(world)]
+    return torch.cat(pieces) if dtype == "bfloat16" else np.concatenate(pieces)
+
+
+def exchange(comm, block, dtype, in_place):
+    """One lossless all_to_all: (what this rank's output holds, its stats, its input unchanged)."""
+    tensor = sent_by(comm.rank, comm.world_size, block, dtype)
+    before = as_numpy(tensor).copy()
+    output = tensor if in_place else (torch.full_like(tensor, -1) if dtype == "bfloat16" else np.full_like(tensor, -1))
+    stats = comm.all_to_all(tensor, output, loss_budget=0.0, deadline=10.0)
+    return as_numpy(output).copy(), stats, in_place or np.array_equal(as_numpy(tensor), before)
+
+
+def lossy_exchanges(comm, block, calls, direct_output):
+    """all_to_all under loss into an output holding a known old value: per call what it left
+    there, its chunk mask and stats.chunks_stale."""
+    rows = []
+    for call in range(calls):
+        tensor = sent_by(comm.rank, comm.world_size, block, "float32", call)
+        output = np.full(tensor.size, -1000.0 - call, dtype=np.float32)
+        mask = comm.chunk_mask("all_to_all", output)
+        stats = comm.all_to_all(tensor, output, loss_budget=1.0, deadline=10.0, chunk_mask=mask,
+                                direct_output=direct_output)
+        rows.append((output, mask, stats.chunks_stale, stats.own_gather_fraction))
+    return rows
+
+
+def chunk_ranges_of(comm, count):
+    return comm.chunk_ranges(count, "float32")
+
+
+def exact_exchanges(comm, nbytes, dtype_name, calls, in_place):
+    """exact.all_to_all of `nbytes` per rank, `calls` times: per call whether the output is what
+    the others sent, and the number of engine calls it took."""
+    dtype = getattr(torch, dtype_name)
+    n = comm.world_size
+    count = nbytes // dtype.itemsize
+    outcome = []
+    for call in range(calls):
+        def sent(rank):
+            generator = torch.Generator().manual_seed(1000 * call + rank)
+            return torch.randint(-100, 100, (count,), generator=generator).to(dtype)
+        tensor = sent(comm.rank)
+        output = tensor if in_place else torch.full((count,), 7).to(dtype)
+        stats = exact.all_to_all(comm, tensor, output)
+        block = count // n
+        want = torch.cat([sent(p)[comm.rank * block:(comm.rank + 1) * block] for p in range(n)])
+        outcome.append((bool(torch.equal(output, want)), len(stats)))
+    return outcome
+
+
+def argument_errors(comm):
+    """Each bad all_to_all must raise the named exception and send nothing; returns what did not."""
+    wrong = []
+    n = comm.world_size
+
+    def expect(exception, call, text):
+        try:
+            call()
+            wrong.append(f"{text}: no error")
+        except exception as error:
+            if text not in str(error):
+                wrong.append(f"{text}: {error}")
+        except Exception as error:  # noqa: BLE001  (the test reports it)
+            wrong.append(f"{text}: {type(error).__name__}: {error}")
+
+    good = np.zeros(4 * n, dtype=np.float32)
+    expect(ValueError, lambda: comm.all_to_all(np.zeros(4 * n + 1, dtype=np.float32), np.zeros(4 * n + 1, dtype=np.float32)),
+           "do not divide")
+    expect(TypeError, lambda: comm.all_to_all(good, np.zeros(4 * n, dtype=np.float64)), "dtype")
+    expect(ValueError, lambda: comm.all_to_all(good, np.zeros(4 * n + n, dtype=np.float32)), "elements")
+    expect(ValueError, lambda: comm.all_to_all(good, good, direct_output=True), "apart")
+    expect(ValueError, lambda: comm.all_to_all(good, np.zeros_like(good), chunk_mask=np.zeros(1000, dtype=np.uint8)),
+           "chunk_mask")
+    expect(ValueError, lambda: exact.all_to_all(comm, torch.zeros(4 * n), torch.zeros(4 * n + 1)), "size")
+    # nothing above reached the wire: a good call after them still pairs with the other ranks'
+    output = np.zeros_like(good)
+    comm.all_to_all(np.full(4 * n, comm.rank, dtype=np.float32), output, loss_budget=0.0, deadline=10.0)
+    if not np.array_equal(output, np.repeat(np.arange(n, dtype=np.float32), 4)):
+        wrong.append(f"the good call after the bad ones gave {output}")
+    return wrong

@@ -1,0 +1,77 @@
+"""all_to_all: each piece straight from its sender to its receiver, once. Exact without loss in
+every dtype and world; under loss, a chunk that does not arrive keeps the output's old value bit
+for bit and the chunk mask names it; ud_transport.exact.all_to_all repairs until every piece is
+whole."""
+import numpy as np
+import pytest
+
+import all_to_all_tasks as tasks
+import ud_transport
+from conftest import get_cluster
+
+CHUNK_BYTES = 24  # shares its clusters with test_collectives
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32"])
+def test_all_to_all_exact(world, dtype):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    for block in (0, 1, 7, 333):
+        for in_place in (False, True):
+            for rank, (output, stats, input_kept) in enumerate(cluster.run(tasks.exchange, block, dtype, in_place)):
+                want = np.concatenate([np.asarray(tasks.as_numpy(tasks.piece_values(sender, rank, block, dtype)))
+                                       for sender in range(world)])
+                np.testing.assert_array_equal(output, want, err_msg=f"rank {rank} block {block} in place {in_place}")
+                assert input_kept and stats.collective == "all_to_all" and stats.gather_fraction == 1.0
+                # each piece crossed once: a rank takes (world - 1) blocks' chunks, no more
+                chunks_per_block = -(-block * np.dtype("float32" if dtype == "bfloat16" else dtype).itemsize // CHUNK_BYTES)
+                if dtype != "bfloat16":
+                    assert stats.datagrams_received == (world - 1) * chunks_per_block, stats
+
+
+# direct_output: chunks written into the output as they arrive; with 8 KiB chunks and an output
+# counted as larger than the cache (in_place_min_bytes 0) they go there past the cache
+@pytest.mark.parametrize("direct_output, chunk_bytes, block", [(False, 32, 120), (True, 32, 120), (True, 8192, 10240)])
+def test_lost_chunks_keep_the_old_value_and_the_mask_names_them(direct_output, chunk_bytes, block):
+    world, calls = 4, 20
+    options = {"in_place_min_bytes": 0} if chunk_bytes > 32 else {}
+    cluster = get_cluster(world, chunk_bytes=chunk_bytes, inject=ud_transport.Bernoulli(0.1, seed=11), **options)
+    per_rank = cluster.run(tasks.lossy_exchanges, block, calls, direct_output)
+    ranges = cluster.run(tasks.chunk_ranges_of, world * block)[0]
+    stale_seen = 0
+    for call in range(calls):
+        old = np.float32(-1000.0 - call)
+        for rank in range(world):
+            output, mask, chunks_stale, own_gather_fraction = per_rank[rank][call]
+            sent = np.concatenate([tasks.piece_values(sender, rank, block, "float32", call) for sender in range(world)])
+            assert mask.shape == (len(ranges),)
+            for fresh, (first, stop) in zip(mask, ranges):
+                np.testing.assert_array_equal(output[first:stop], sent[first:stop] if fresh else np.full(stop - first, old),
+                                              err_msg=f"call {call} rank {rank} chunk at {first}")
+            own = slice(rank * block, (rank + 1) * block)
+            np.testing.assert_array_equal(output[own], sent[own])  # its own piece never travels
+            assert int((mask == 0).sum()) == chunks_stale
+            assert own_gather_fraction == pytest.approx(float((output == sent).mean()))
+            stale_seen += chunks_stale
+    assert stale_seen > 0, "10% loss must leave some chunks stale"
+
+
+@pytest.mark.parametrize("loss, nbytes, dtype", [
+    (0.1, 3 * 1001, "int8"), (0.1, 3 * 16000, "float32"), (0.3, 3 * 16000 - 6, "bfloat16"),  # repaired
+    (0.6, 3 * 40, "float32"), (0.6, 3 * 5 * 2, "float16")])  # repeated whole (fewer than 64 chunks)
+def test_exact_all_to_all_completes_under_loss(loss, nbytes, dtype):
+    """From 64 chunks up, the chunks some rank lacks after a lossy exchange are sent again by
+    their senders only, to their receivers only; below, the exchange is repeated whole (in three
+    copies), keeping what came, until no rank lacks a chunk. Blocks whose bytes are not whole
+    32-bit words (3 int8 blocks of 1001) are padded on the way."""
+    cluster = get_cluster(3, chunk_bytes=32, inject=ud_transport.Bernoulli(loss, seed=7))
+    for in_place in (False, True):
+        per_rank = cluster.run(tasks.exact_exchanges, nbytes, dtype, 4, in_place)
+        for rank, outcomes in enumerate(per_rank):
+            assert all(right for right, _ in outcomes), (rank, outcomes)
+        assert max(calls for outcomes in per_rank for _, calls in outcomes) > 1, "the loss must have cost more calls"
+
+
+def test_argument_errors_are_clear_and_send_nothing():
+    for wrong in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors):
+        assert wrong == [], wrong
