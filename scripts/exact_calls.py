@@ -9,6 +9,7 @@ tokens) against Gloo's, on the same ranks in the same run, optionally under real
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
     python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --kernel-loss 0.1 --no-gloo   # ud only
+    python3 scripts/exact_calls.py --world-size 8 --hosts veth --only all_to_all          # one operation
 
 Each call starts after a store barrier; its time is its slowest rank's. Each rank runs torch with
 CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
@@ -73,6 +74,8 @@ def timed(comm, config):
     }
     if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
+    if config["only"]:
+        operations = {name: run for name, run in operations.items() if name.split(" ", 1)[1] in config["only"]}
     results = {name: ([], []) for name in operations}
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
@@ -111,14 +114,20 @@ def main():
     parser.add_argument("--no-gloo", action="store_true", help="time ud_transport's calls only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
+    parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
+                                                   "send/recv, all_to_all; default: all)")
     args = parser.parse_args()
+    only = [name for name in args.only.split(",") if name]
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all"}
+    if unknown:
+        parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:
         parser.error(f"--threads must be 0 (CPUs / ranks) or more, got {args.threads}")
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# exact_calls: skipped: {reason}")
         return 0
-    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup, no_gloo=args.no_gloo,
+    config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup, no_gloo=args.no_gloo, only=only,
                   threads=args.threads or max(1, (os.cpu_count() or 1) // args.world_size))
     per_rank, where = run_on_network(args.world_size, timed, config, hosts=args.hosts, mtu=args.mtu,
                                      kernel_loss=args.kernel_loss, stripes=1)
