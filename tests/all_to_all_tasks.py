@@ -96,3 +96,14 @@ def argument_errors(comm):
     if not np.array_equal(output, np.repeat(np.arange(n, dtype=np.float32), 4)):
         wrong.append(f"the good call after the bad ones gave {output}")
     return wrong
+
+
+def empty_calls_with_masks(comm):
+    """all_gather and all_to_all of no elements, each with the (empty) mask chunk_mask gives."""
+    empty = np.zeros(0, dtype=np.float32)
+    done = []
+    for name, call in (("all_gather", lambda mask: comm.all_gather(empty, empty, chunk_mask=mask)),
+                       ("all_to_all", lambda mask: comm.all_to_all(empty, empty, chunk_mask=mask))):
+        stats = call(comm.chunk_mask(name, empty))
+        done.append((name, stats.gather_fraction))
+    return done

@@ -75,3 +75,10 @@ def test_exact_all_to_all_completes_under_loss(loss, nbytes, dtype):
 def test_argument_errors_are_clear_and_send_nothing():
     for wrong in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors):
         assert wrong == [], wrong
+
+
+def test_a_tensor_of_no_elements_takes_its_empty_mask():
+    """chunk_mask gives a tensor of no elements an empty mask; the call takes it (it was refused
+    as invalid arguments before)."""
+    for done in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.empty_calls_with_masks):
+        assert done == [("all_gather", 1.0), ("all_to_all", 1.0)]

@@ -623,9 +623,13 @@ class Communicator:
             raise TypeError("chunk_mask must be a writable, contiguous numpy uint8 array (see Communicator.chunk_mask)")
         want = _native.chunk_mask_bytes(collective, algorithms.CODES[algorithm_name], count, dtype_code, self.rank,
                                         self.world_size, self.chunk_bytes)
+        if want == 0 and count:
+            raise ValueError(f"no chunk mask for this call (none for a {algorithm_name} schedule here: use "
+                             "algorithm='direct')")
         if chunk_mask.nbytes != want:
-            raise ValueError(f"chunk_mask has {chunk_mask.nbytes} bytes; this call fills {want}"
-                             + ("" if want else f" (none for a {algorithm_name} schedule here: use algorithm='direct')"))
+            raise ValueError(f"chunk_mask has {chunk_mask.nbytes} bytes; this call fills {want}")
+        if want == 0:  # a tensor of no elements: its empty mask has nothing to fill
+            return 0, 0
         return chunk_mask.ctypes.data, want
 
     @staticmethod
