@@ -445,3 +445,23 @@ def test_a_group_made_again_on_the_same_store_meets_afresh():
     group's port closed)."""
     per_rank = get_cluster(2, chunk_bytes=256).run(torch_tasks.group_made_again_on_one_store, tag())
     assert per_rank[1] == [[1.0, 1.0, 1.0], [2.0, 2.0, 1.0]], per_rank
+
+
+def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
+    """A root's wrong scatter or gather list raised there at once while the other ranks waited in
+    the call for it until the group's deadline (30 minutes by default; 120 s here). The refusing
+    rank now queues an agreement round in the call's place: the others' call ends at once with
+    LayoutMismatch naming it (their exact call has another layout), or, where every rank refused,
+    the rounds pair with each other; either way the next all_reduce finds every rank in step."""
+    world = 3
+    per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.refusals_of_one_rank, tag())
+    refusing = {"scatter, the root's pieces too short": {2}, "gather, the root's outputs too few": {2},
+                "all_gather, one rank's outputs too few": {0}, "all_gather, every rank's outputs too few": {0, 1, 2}}
+    for case, refusers in refusing.items():
+        for rank, out in enumerate(per_rank):
+            if rank in refusers:
+                assert out[case] == ("ValueError", None), (case, rank, out[case])
+            else:
+                assert out[case] == ("LayoutMismatch", min(refusers)), (case, rank, out[case])
+    for out in per_rank:
+        assert out["after"] == [[6.0] * 4] * len(refusing)

@@ -733,3 +733,35 @@ def c10d_edges(comm, tag):
             out["all_reduce on a destroyed group"] = f"{error} (from: {error.__context__})"
         out["destroyed group let go of its store"] = lossy.communicator.store is None
     return out
+
+
+def refusals_of_one_rank(comm, tag):
+    """Argument errors only one rank can see (a root's lists; one rank's own wrong outputs), then a
+    wrong list on every rank, each followed by an all_reduce on the same group. Returns
+    {case: [(what this rank's call raised, the rank the error names)], ..., "after": sums}."""
+    n, r = comm.world_size, comm.rank
+    root = n - 1
+    out = {}
+    with gloo_world(comm, f"refusals-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(deadline=120.0))
+        cases = {
+            "scatter, the root's pieces too short": lambda: dist.scatter(
+                torch.empty(3), [torch.zeros(2) for _ in range(n)] if r == root else None, src=root, group=group),
+            "gather, the root's outputs too few": lambda: dist.gather(
+                torch.zeros(3), [torch.empty(3) for _ in range(n - 1)] if r == root else None, dst=root, group=group),
+            "all_gather, one rank's outputs too few": lambda: dist.all_gather(
+                [torch.empty(3) for _ in range(n - 1 if r == 0 else n)], torch.zeros(3), group=group),
+            "all_gather, every rank's outputs too few": lambda: dist.all_gather(
+                [torch.empty(3) for _ in range(n - 1)], torch.zeros(3), group=group),
+        }
+        out["after"] = []
+        for name, call in cases.items():
+            try:
+                call()
+                out[name] = ("no error", None)
+            except Exception as error:  # noqa: BLE001 (the test reads what it was)
+                out[name] = (type(error).__name__, getattr(error, "rank", None))
+            summed = torch.full((4,), float(r + 1))
+            dist.all_reduce(summed, group=group)  # the group goes on: every rank in step
+            out["after"].append(summed.tolist())
+    return out

@@ -11,6 +11,7 @@ on channels of their own (ud_transport.torch.point_to_point).
 
 Configuration: pg_options=ud_transport.torch.BackendOptions(...), else the
 environment (see BackendOptions.from_environment)."""
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from .. import environment, exact, loss_models
 from .. import options as options_module
 from ..communicator import Communicator
-from ..errors import LossBudgetExceeded
+from ..errors import LossBudgetExceeded, TransportError
 from ..tensors import op_name
 from . import _common, composite, point_to_point, policy
 from ._worker import SerialWorker
@@ -255,6 +256,31 @@ class ProcessGroupUD(dist.ProcessGroup):
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
+    @contextlib.contextmanager
+    def _refusing(self, moves_data):
+        """Around the argument checks this rank makes alone before it queues a collective (a
+        gather's or scatter's root checks lists the others never see). A failed check raises
+        here at once; the other ranks, whose checks may pass, would wait in their call for this
+        rank until the group's timeout (30 minutes by default). So an agreement round is queued in
+        the refused call's place: it ends their call at once (another layout: LayoutMismatch
+        naming this rank), or pairs with their own round where their checks failed too. Only for a
+        call that moves data: one of no elements makes no call on any rank."""
+        try:
+            yield
+        except (ValueError, TypeError):
+            if moves_data:
+                try:
+                    self._worker.submit(self._pair_with_the_refused_call, [])
+                except TransportError:  # the group is shut down: nobody waits
+                    pass
+            raise
+
+    def _pair_with_the_refused_call(self):
+        try:
+            exact.barrier(self.communicator, deadline=self.config.deadline)
+        except TransportError:  # LayoutMismatch where the others called: nobody waits on this one
+            pass
+
     def _gather_one(self, output_flat, shard):
         self.exact_calls += 1
         exact.all_gather(self.communicator, shard.contiguous(), output_flat, deadline=self.config.deadline)
@@ -290,10 +316,11 @@ class ProcessGroupUD(dist.ProcessGroup):
         """all_gather (root None: every rank's lists) or gather (only the root's lists; the other
         ranks take part in the same exact all-gather and keep nothing)."""
         keeps = root is None or self.rank() == root
-        for outputs, shard in zip(output_lists if keeps else (), input_tensors):
-            if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
-                raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
-                                 f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
+        with self._refusing(any(shard.numel() for shard in input_tensors)):
+            for outputs, shard in zip(output_lists if keeps else (), input_tensors):
+                if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
+                    raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
+                                     f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
 
         def run():
             for index, shard in enumerate(input_tensors):
@@ -304,15 +331,17 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors))
 
     def _allgather_base(self, output, shard, opts=None):
-        _check_gather_output(output, shard, self.size())
+        with self._refusing(shard.numel() > 0):
+            _check_gather_output(output, shard, self.size())
 
         def run():
             self._gather_one(output, shard)
         return self._worker.submit(run, output)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
-        for output, shard in zip(outputs, shards):
-            _check_gather_output(output, shard, self.size())
+        with self._refusing(any(shard.numel() for shard in shards)):
+            for output, shard in zip(outputs, shards):
+                _check_gather_output(output, shard, self.size())
 
         def run():
             for output, shard in zip(outputs, shards):
@@ -329,18 +358,23 @@ class ProcessGroupUD(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
+        with self._refusing(any(output.numel() for output in output_tensors)):
+            for output, pieces in zip(output_tensors, input_lists):
+                if len(pieces) != self.size() or len({p.numel() for p in pieces}) != 1 or pieces[0].numel() != output.numel():
+                    raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
+                                     f"of the output ({output.numel()} elements), got {[p.numel() for p in pieces]}")
+
         def run():
             for output, pieces in zip(output_tensors, input_lists):
-                if len({p.numel() for p in pieces}) != 1 or pieces[0].numel() != output.numel():
-                    raise ValueError("reduce_scatter on 'ud' needs one input per rank, each the size of the output")
                 self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op)
         return self._worker.submit(run, output_tensors)
 
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        if flat_input.numel() != output.numel() * self.size():
-            raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
-                             f"output {output.numel()} x {self.size()} ranks")
+        with self._refusing(flat_input.numel() > 0):
+            if flat_input.numel() != output.numel() * self.size():
+                raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
+                                 f"output {output.numel()} x {self.size()} ranks")
 
         def run():
             self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
@@ -380,8 +414,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         on_root = self.rank() == root
         if on_root:
-            for output, pieces in zip(output_tensors, input_lists):
-                composite.check_scatter_pieces(pieces, output, self.size())
+            with self._refusing(any(output.numel() for output in output_tensors)):
+                for output, pieces in zip(output_tensors, input_lists):
+                    composite.check_scatter_pieces(pieces, output, self.size())
 
         def run():
             for index, output in enumerate(output_tensors):
@@ -391,7 +426,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._worker.submit(run, output_tensors)
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
-        composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
+        with self._refusing(bool(output_splits or input_splits) or source.numel() > 0):  # splits: a table goes
+            composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
         def run():
             self.exact_calls += 1
@@ -401,12 +437,13 @@ class ProcessGroupUD(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
-            raise ValueError(f"all_to_all on 'ud' needs {self.size()} inputs and {self.size()} outputs, "
-                             f"got {len(input_tensors)} and {len(output_tensors)}")
-        dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
-        if len(dtypes) != 1:
-            raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
+        with self._refusing(True):  # its split table always goes
+            if len(output_tensors) != self.size() or len(input_tensors) != self.size():
+                raise ValueError(f"all_to_all on 'ud' needs {self.size()} inputs and {self.size()} outputs, "
+                                 f"got {len(input_tensors)} and {len(output_tensors)}")
+            dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
+            if len(dtypes) != 1:
+                raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
         output_splits, input_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
 
         def run():  # reads the inputs here, in issue order, as every other call does
