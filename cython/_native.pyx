@@ -305,6 +305,14 @@ cdef class Engine:
         if udt_comm_set_peers(self.comm, data, len(addresses), address_bytes) < 0:
             raise exception_from(udt_comm_error(self.comm), ValueError)
 
+    @property
+    def sequence(self):
+        """The sequence number of the last call started (udt_comm_sequence): one more per call,
+        on every rank alike."""
+        if self.comm is NULL:
+            raise ValueError("engine is closed")
+        return udt_comm_sequence(self.comm)
+
     def set_sequence(self, uint32_t sequence):
         """Tests only: make the next call's sequence number sequence + 1 (modulo 2**32),
         the same on every rank, to exercise the wrap without 2**32 calls."""
@@ -321,7 +329,7 @@ cdef class Engine:
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
         holds what it held before (an allreduce in place is put back: engine.h), except
-        that with direct_output an all_gather or broadcast may leave it partly written.
+        that with direct_output an all_gather, broadcast or all_to_all may leave it partly written.
         layout_salt: folded into the layout every rank must share (engine.h)."""
         if self.comm is NULL:
             raise ValueError("engine is closed")

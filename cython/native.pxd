@@ -215,6 +215,7 @@ cdef extern from "engine.h" nogil:
     const udt_error *udt_comm_error(const udt_comm *comm)
     void udt_comm_interrupt(udt_comm *comm)
     int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
+    uint32_t udt_comm_sequence(const udt_comm *comm)
 
 cdef extern from "blocks.h" nogil:
     uint64_t udt_block_start(uint64_t count, uint32_t world_size, uint32_t block)

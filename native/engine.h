@@ -54,9 +54,11 @@ struct udt_engine_options {
 struct udt_collective_args {
     int collective;  /* enum udt_collective */
     int algorithm;   /* enum udt_algorithm */
-    const void *input;  /* allreduce, broadcast: the tensor; reduce_scatter: the full tensor; all_gather: this rank's shard */
-    void *output;       /* allreduce, broadcast: the tensor; reduce_scatter: this rank's shard; all_gather: the full tensor */
-    uint64_t count;     /* elements of the full tensor */
+    const void *input;  /* allreduce, broadcast: the tensor; reduce_scatter: the full tensor; all_gather: this rank's shard;
+                         * all_to_all: world_size equal blocks, block q for rank q (only read) */
+    void *output;       /* allreduce, broadcast: the tensor; reduce_scatter: this rank's shard; all_gather: the full tensor;
+                         * all_to_all: block p from rank p (may be the input, unless direct_output) */
+    uint64_t count;     /* elements of the full tensor (all_to_all: a multiple of world_size) */
     int dtype;
     int op;
     int estimator;
@@ -68,7 +70,7 @@ struct udt_collective_args {
      *  reduce_scatter: world_size rows of this rank's shard's chunks; row p, chunk k is 1
      *    when rank p's contribution to chunk k is in the result (direct schedule, or two
      *    ranks: where each contribution travels alone and its arrival names its sender);
-     *  all_gather, broadcast, allreduce: every chunk of the tensor, 1 when fresh.
+     *  all_gather, broadcast, allreduce, all_to_all: every chunk of the tensor (the output), 1 when fresh.
      * chunk_mask_bytes must be exactly that size (udt_chunk_mask_bytes gives it). */
     uint8_t *chunk_mask;
     uint64_t chunk_mask_bytes;
@@ -76,7 +78,7 @@ struct udt_collective_args {
      * whole step, so a chunk is lost only if every copy is: forward redundancy at
      * `copies` times the bytes, never a retransmission. Receivers keep the first copy. */
     uint32_t copies;
-    /* all_gather, broadcast: nonzero writes what arrives straight into the output instead of
+    /* all_gather, broadcast, all_to_all: nonzero writes what arrives straight into the output instead of
      * the scratch and a copy at the end, so a call that fails may leave the output partly
      * written: only for a caller that keeps its own copy to put back (ud_transport.exact). */
     uint32_t direct_output;

@@ -142,4 +142,5 @@ def test_all_to_all_sends_each_piece_straight_to_its_receiver(algorithm, world):
             assert step["send_block"] == step["send_peer"] and step["recv_block"] == step["recv_peer"]
             peer_step = every[step["send_peer"]][1][i]
             assert peer_step["recv_peer"] == rank and peer_step["recv_block"] == rank
-            assert step["recv_whole"] and step["recv_needs_sent"] == 0 and step["send_after"] == NO_PEER
+            assert step["recv_whole"] and step["recv_needs_sent"] == 0 and step["send_after"] == -1  # no step before it
+            assert step["recv_mode"] == 1 and step["phase"] == 1  # overwrite; sends from the input, counted as one

@@ -449,19 +449,30 @@ def test_a_group_made_again_on_the_same_store_meets_afresh():
 
 def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
     """A root's wrong scatter or gather list raised there at once while the other ranks waited in
-    the call for it until the group's deadline (30 minutes by default; 120 s here). The refusing
-    rank now queues an agreement round in the call's place: the others' call ends at once with
-    LayoutMismatch naming it (their exact call has another layout), or, where every rank refused,
-    the rounds pair with each other; either way the next all_reduce finds every rank in step."""
+    the call for it until the group's deadline (30 minutes by default; 120 s here). Every call on
+    a "ud" group now starts at least one engine call on every rank: a refused one, or one that
+    moves nothing (no elements), an agreement round. The others' call then ends at once with
+    LayoutMismatch naming the refusing rank (their call has another layout), or pairs with it
+    where every rank made the round; either way the next all_reduce finds every rank in step.
+    all_to_all_single exchanges every rank's splits, even ones too (a helper's review found that
+    skipping the exchange for even splits let a rank whose output rows differed lose data, and
+    one with splits beside ranks without fail)."""
     world = 3
     per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.refusals_of_one_rank, tag())
     refusing = {"scatter, the root's pieces too short": {2}, "gather, the root's outputs too few": {2},
-                "all_gather, one rank's outputs too few": {0}, "all_gather, every rank's outputs too few": {0, 1, 2}}
+                "all_gather, one rank's outputs too few": {0}, "all_gather, every rank's outputs too few": {0, 1, 2},
+                "reduce_scatter_tensor, one rank's input too long": {0}}  # the others' call is lossy, of 2 elements
+    # found in the exchanged split table: the same ValueError everywhere (a rank with no rows made
+    # no call at all before, and the others waited)
+    everywhere = {"all_to_all_single, one rank's output rows differ", "all_to_all_single, no rows on one rank"}
     for case, refusers in refusing.items():
         for rank, out in enumerate(per_rank):
             if rank in refusers:
                 assert out[case] == ("ValueError", None), (case, rank, out[case])
             else:
                 assert out[case] == ("LayoutMismatch", min(refusers)), (case, rank, out[case])
-    for out in per_rank:
-        assert out["after"] == [[6.0] * 4] * len(refusing)
+    for rank, out in enumerate(per_rank):
+        assert all(out[case] == ("ValueError", None) for case in everywhere), (rank, out)
+        assert out["broadcast of no elements"] == ("no error", None)  # each rank's round pairs with the others'
+        assert out["after"] == [[6.0] * 4] * (len(refusing) + len(everywhere) + 1)
+        assert out["all_to_all_single, splits on one rank only"] == [10.0 * sender + rank for sender in range(world)]

@@ -753,6 +753,13 @@ def refusals_of_one_rank(comm, tag):
                 [torch.empty(3) for _ in range(n - 1 if r == 0 else n)], torch.zeros(3), group=group),
             "all_gather, every rank's outputs too few": lambda: dist.all_gather(
                 [torch.empty(3) for _ in range(n - 1)], torch.zeros(3), group=group),
+            "reduce_scatter_tensor, one rank's input too long": lambda: dist.reduce_scatter_tensor(
+                torch.empty(2), torch.ones(2 * n + (1 if r == 0 else 0)), group=group),
+            "all_to_all_single, one rank's output rows differ": lambda: dist.all_to_all_single(
+                torch.empty(2 * n if r == 1 else n), torch.zeros(n), group=group),
+            "all_to_all_single, no rows on one rank": lambda: dist.all_to_all_single(
+                torch.empty(0 if r == 0 else n), torch.zeros(0 if r == 0 else n), group=group),
+            "broadcast of no elements": lambda: dist.broadcast(torch.empty(0), src=0, group=group),
         }
         out["after"] = []
         for name, call in cases.items():
@@ -764,4 +771,9 @@ def refusals_of_one_rank(comm, tag):
             summed = torch.full((4,), float(r + 1))
             dist.all_reduce(summed, group=group)  # the group goes on: every rank in step
             out["after"].append(summed.tolist())
+        # splits on one rank, even on the others: as Gloo allows (the split tables meet)
+        received = torch.empty(n)
+        dist.all_to_all_single(received, torch.arange(n, dtype=torch.float32) + 10 * r, group=group,
+                               **({"input_split_sizes": [1] * n, "output_split_sizes": [1] * n} if r == 0 else {}))
+        out["all_to_all_single, splits on one rank only"] = received.tolist()
     return out

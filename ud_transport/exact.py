@@ -346,7 +346,9 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
     with contextlib.ExitStack() as stack:
         if 4 * width != block_bytes:
             padded = stack.enter_context(_borrowed(comm, n * width))
-            padded.view(torch.uint8).view(n, 4 * width)[:, :block_bytes].copy_(words.view(torch.uint8)[:source.nbytes].view(n, block_bytes))
+            rows = padded.view(torch.uint8).view(n, 4 * width)
+            rows[:, :block_bytes].copy_(words.view(torch.uint8)[:source.nbytes].view(n, block_bytes))
+            rows[:, block_bytes:].zero_()  # a kept buffer's earlier contents are not the peers' to read
             words = padded
         received = stack.enter_context(_borrowed(comm, n * width))
 

@@ -170,7 +170,8 @@ def test_all_to_all_over_verbs(world, loss):
             assert int((mask == 0).sum()) == stale, where
             assert loss or stale == 0, where
             stale_seen += stale
-    assert stale_seen > 0 if loss else stale_seen == 0
+    chunks = sum(len(mask) for cases, _ in results for _, _, _, mask, _ in cases)
+    assert (0 < stale_seen < 0.3 * chunks) if loss else stale_seen == 0, (stale_seen, chunks)  # 10%: most arrive
 
 
 def verbs_resources():

@@ -200,7 +200,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         """Lossy calls that missed the budget since the last take (the same
         number on every rank: misses are judged on agreed fractions). Waits
         for queued collectives first."""
-        self._worker.submit(lambda: None, None).wait()
+        self._worker.submit(lambda: None, None).wait()  # rank-local: no call
         missed, self._misses_since_taken = self._misses_since_taken, 0
         return missed
 
@@ -256,30 +256,48 @@ class ProcessGroupUD(dist.ProcessGroup):
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
+    def _submit(self, run, result):
+        """Queue run() on the group's worker so that every rank starts at least one engine call
+        for it: where it starts none here (tensors of no elements, whose exact calls make none, or
+        an argument this rank refused), an agreement round goes in its place. The other ranks'
+        call then always has one to pair with: where theirs differs it ends at once
+        (LayoutMismatch naming this rank), and the group stays in step. A rank that made no call
+        left the others waiting until the group's deadline (30 minutes by default), or paired
+        their call with its next one."""
+        def in_step():
+            before = self.communicator.sequence
+            try:
+                run()
+            except BaseException:
+                if self._started_nothing_since(before):
+                    try:
+                        exact.barrier(self.communicator, deadline=self.config.deadline)
+                    except TransportError:  # the others called with data: their call ended, ours is the error
+                        pass
+                raise
+            if self._started_nothing_since(before):
+                exact.barrier(self.communicator, deadline=self.config.deadline)
+        return self._worker.submit(in_step, result)
+
+    def _started_nothing_since(self, sequence):
+        try:
+            return self.communicator.sequence == sequence
+        except TransportError:  # closed: no call can start
+            return False
+
     @contextlib.contextmanager
-    def _refusing(self, moves_data):
+    def _refusing(self):
         """Around the argument checks this rank makes alone before it queues a collective (a
-        gather's or scatter's root checks lists the others never see). A failed check raises
-        here at once; the other ranks, whose checks may pass, would wait in their call for this
-        rank until the group's timeout (30 minutes by default). So an agreement round is queued in
-        the refused call's place: it ends their call at once (another layout: LayoutMismatch
-        naming this rank), or pairs with their own round where their checks failed too. Only for a
-        call that moves data: one of no elements makes no call on any rank."""
+        gather's or scatter's root checks lists the others never see): a failed check raises
+        here at once, and an agreement round is queued in the refused call's place (_submit)."""
         try:
             yield
         except (ValueError, TypeError):
-            if moves_data:
-                try:
-                    self._worker.submit(self._pair_with_the_refused_call, [])
-                except TransportError:  # the group is shut down: nobody waits
-                    pass
+            try:
+                self._submit(lambda: None, [])
+            except TransportError:  # the group is shut down: nobody waits
+                pass
             raise
-
-    def _pair_with_the_refused_call(self):
-        try:
-            exact.barrier(self.communicator, deadline=self.config.deadline)
-        except TransportError:  # LayoutMismatch where the others called: nobody waits on this one
-            pass
 
     def _gather_one(self, output_flat, shard):
         self.exact_calls += 1
@@ -294,7 +312,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for tensor in tensors:
                 self._allreduce_one(tensor, op)
-        return self._worker.submit(run, tensors)
+        return self._submit(run, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -307,7 +325,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for tensor in tensors:
                 self.exact_calls += 1
                 exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline)
-        return self._worker.submit(run, tensors)
+        return self._submit(run, tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
@@ -316,7 +334,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         """all_gather (root None: every rank's lists) or gather (only the root's lists; the other
         ranks take part in the same exact all-gather and keep nothing)."""
         keeps = root is None or self.rank() == root
-        with self._refusing(any(shard.numel() for shard in input_tensors)):
+        with self._refusing():
             for outputs, shard in zip(output_lists if keeps else (), input_tensors):
                 if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
                     raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
@@ -328,25 +346,25 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self._gather_one(gathered, shard)
                 for rank, output in enumerate(output_lists[index] if keeps else ()):
                     output.copy_(gathered[rank].view(output.shape))
-        return self._worker.submit(run, [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors))
+        return self._submit(run, [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors))
 
     def _allgather_base(self, output, shard, opts=None):
-        with self._refusing(shard.numel() > 0):
+        with self._refusing():
             _check_gather_output(output, shard, self.size())
 
         def run():
             self._gather_one(output, shard)
-        return self._worker.submit(run, output)
+        return self._submit(run, output)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
-        with self._refusing(any(shard.numel() for shard in shards)):
+        with self._refusing():
             for output, shard in zip(outputs, shards):
                 _check_gather_output(output, shard, self.size())
 
         def run():
             for output, shard in zip(outputs, shards):
                 self._gather_one(output, shard)
-        return self._worker.submit(run, outputs)
+        return self._submit(run, outputs)
 
     # torch 2.13 calls these for all_gather_into_tensor / reduce_scatter_tensor / their coalesced forms
     all_gather_single = _allgather_base
@@ -358,7 +376,7 @@ class ProcessGroupUD(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
-        with self._refusing(any(output.numel() for output in output_tensors)):
+        with self._refusing():
             for output, pieces in zip(output_tensors, input_lists):
                 if len(pieces) != self.size() or len({p.numel() for p in pieces}) != 1 or pieces[0].numel() != output.numel():
                     raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
@@ -367,18 +385,18 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for output, pieces in zip(output_tensors, input_lists):
                 self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op)
-        return self._worker.submit(run, output_tensors)
+        return self._submit(run, output_tensors)
 
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        with self._refusing(flat_input.numel() > 0):
+        with self._refusing():
             if flat_input.numel() != output.numel() * self.size():
                 raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
                                  f"output {output.numel()} x {self.size()} ranks")
 
         def run():
             self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
-        return self._worker.submit(run, output)
+        return self._submit(run, output)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -386,13 +404,13 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for output, flat_input in zip(outputs, inputs):
                 self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
-        return self._worker.submit(run, outputs)
+        return self._submit(run, outputs)
 
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def barrier(self, opts=None):
-        return self._worker.submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
+        return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
 
     # -- built from the exact collectives (composite.py: exact, but not economical) ------
 
@@ -405,7 +423,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for tensor in tensors:
                 self.exact_calls += 1
                 composite.reduce(self.communicator, tensor, op, root, self.config.deadline)
-        return self._worker.submit(run, tensors)
+        return self._submit(run, tensors)
 
     def gather(self, output_lists, input_tensors, opts=None):
         return self._gather_into_lists("gather", output_lists, input_tensors, opts.rootRank if opts is not None else 0)
@@ -414,7 +432,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         on_root = self.rank() == root
         if on_root:
-            with self._refusing(any(output.numel() for output in output_tensors)):
+            with self._refusing():
                 for output, pieces in zip(output_tensors, input_lists):
                     composite.check_scatter_pieces(pieces, output, self.size())
 
@@ -423,21 +441,21 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self.exact_calls += 1
                 composite.scatter(self.communicator, output, input_lists[index] if on_root else [], root,
                                   self.config.deadline)
-        return self._worker.submit(run, output_tensors)
+        return self._submit(run, output_tensors)
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
-        with self._refusing(bool(output_splits or input_splits) or source.numel() > 0):  # splits: a table goes
+        with self._refusing():
             composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
         def run():
             self.exact_calls += 1
             composite.all_to_all(self.communicator, output, source, output_splits, input_splits, self.config.deadline)
-        return self._worker.submit(run, output)
+        return self._submit(run, output)
 
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        with self._refusing(True):  # its split table always goes
+        with self._refusing():
             if len(output_tensors) != self.size() or len(input_tensors) != self.size():
                 raise ValueError(f"all_to_all on 'ud' needs {self.size()} inputs and {self.size()} outputs, "
                                  f"got {len(input_tensors)} and {len(output_tensors)}")
@@ -453,7 +471,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             composite.all_to_all(self.communicator, received, source, output_splits, input_splits, self.config.deadline)
             for output, piece in zip(output_tensors, received.split(output_splits)):
                 output.copy_(piece.view(output.shape))
-        return self._worker.submit(run, output_tensors)
+        return self._submit(run, output_tensors)
 
     def send(self, tensors, dstRank, tag=0):
         tensor = self._message_tensor("send", tensors, dstRank)

@@ -2,7 +2,8 @@
 exact ones: reduce (an exact allreduce whose result only the root keeps) and scatter (an exact
 broadcast of every rank's piece, each keeping its own). gather is the backend's all_gather with
 outputs on the root only. all-to-all rides the engine's own all_to_all (each piece sent once,
-straight to its receiver), with pieces of uneven sizes padded to the largest.
+straight to its receiver) after an exchange of the split sizes, pieces of uneven sizes padded to
+the largest.
 
 Exact and correct, not economical where a root is involved: every rank receives what only the
 root (gather) or only its addressee (scatter) needs. Right for metrics, metadata and the object
@@ -43,20 +44,16 @@ def check_scatter_pieces(pieces, output, world_size):
 def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     """all_to_all_single: rows of `source` (split along dim 0 by input_splits, evenly if empty) go
     to the ranks in order; `output` gets each rank's rows for this one, in rank order (its dim 0
-    split by output_splits). Uneven splits are exchanged first and checked against each other, so
-    every rank takes the same verdict: a mismatch is a ValueError on all of them. Even splits
-    need no exchange: every piece is a rank's rows / world_size, and a rank whose size differs is
-    a LayoutMismatch on all of them."""
+    split by output_splits). Every rank's splits (even ones too: a rank may pass sizes where
+    another splits evenly, as Gloo allows) are exchanged first and checked against each other, so
+    every rank takes the same verdict: a mismatch is a ValueError on all of them."""
     n = comm.world_size
     row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
-    if output_splits or input_splits:
-        mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
-        table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
-        exact.all_gather(comm, mine, table, deadline=deadline)
-        _check_table(table, n)
-        width = int(table[:, :n].max()) * row  # the largest piece any rank sends any rank
-    else:
-        width = sends[0] * row
+    mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
+    table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
+    exact.all_gather(comm, mine, table, deadline=deadline)
+    _check_table(table, n)
+    width = int(table[:, :n].max()) * row  # the largest piece any rank sends any rank
     if width == 0:
         return
     if all(count * row == width for count in sends + receives):  # every piece full: no padding
