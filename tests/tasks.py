@@ -576,3 +576,24 @@ def system_calls_of_a_large_then_a_small_call(comm, large_count, small_count):
         stats = comm.allreduce(np.ones(count, dtype=np.float32), loss_budget=0.0)
         out.append((stats.datagrams_sent, stats.send_calls, stats.receive_calls, stats.datagrams_received))
     return comm.transport_description, out
+
+
+def sequence_steps(comm):
+    """How Communicator.sequence moves: per step, the calls made and the sequence after."""
+    start = comm.sequence
+    steps = []
+    comm.agree(0, deadline=5.0)
+    steps.append(comm.sequence - start)
+    comm.allreduce(np.ones(1000, dtype=np.float32), loss_budget=0.0, deadline=5.0)
+    steps.append(comm.sequence - start)
+    try:  # refused in Python, before the engine: no call
+        comm.all_to_all(np.zeros(comm.world_size + 1, dtype=np.float32), np.zeros(comm.world_size + 1, dtype=np.float32))
+    except ValueError:
+        pass
+    steps.append(comm.sequence - start)
+    try:  # a call that fails on every rank (another size on each) still counts
+        comm.allreduce(np.ones(10 + comm.rank, dtype=np.float32), loss_budget=0.0, deadline=1.0)
+    except ud_transport.LayoutMismatch:
+        pass
+    steps.append(comm.sequence - start)
+    return steps

@@ -247,3 +247,11 @@ def test_argument_errors_are_clear_and_send_nothing():
     cluster = get_cluster(2, chunk_bytes=CHUNK_BYTES)
     for error in cluster.run(tasks.argument_errors):
         assert error == [], error
+
+
+def test_the_sequence_counts_every_call_the_engine_starts():
+    """Communicator.sequence, which the "ud" backend reads to make sure every rank starts a call
+    for each collective: one more per call, a failed one too, none for a call refused before it
+    reaches the engine; the same on every rank."""
+    per_rank = get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.sequence_steps)
+    assert per_rank[0] == per_rank[1] == [1, 2, 2, 3], per_rank

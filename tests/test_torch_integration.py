@@ -461,7 +461,8 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
     per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.refusals_of_one_rank, tag())
     refusing = {"scatter, the root's pieces too short": {2}, "gather, the root's outputs too few": {2},
                 "all_gather, one rank's outputs too few": {0}, "all_gather, every rank's outputs too few": {0, 1, 2},
-                "reduce_scatter_tensor, one rank's input too long": {0}}  # the others' call is lossy, of 2 elements
+                "reduce_scatter_tensor, one rank's input too long": {0},  # the others' call is lossy, of 2 elements
+                "reduce_scatter_tensor, no input on one rank": {0}}  # the refusing rank has nothing to send
     # found in the exchanged split table: the same ValueError everywhere (a rank with no rows made
     # no call at all before, and the others waited)
     everywhere = {"all_to_all_single, one rank's output rows differ", "all_to_all_single, no rows on one rank"}
@@ -474,5 +475,9 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
     for rank, out in enumerate(per_rank):
         assert all(out[case] == ("ValueError", None) for case in everywhere), (rank, out)
         assert out["broadcast of no elements"] == ("no error", None)  # each rank's round pairs with the others'
-        assert out["after"] == [[6.0] * 4] * (len(refusing) + len(everywhere) + 1)
+        # rank 0 alone makes no data call (an exact call of no elements; a refusal inside the call)
+        assert out["all_reduce of integers, no elements on one rank"] == ("LayoutMismatch", 0), (rank, out)
+        assert out["reduce_scatter_tensor, a float64 output on one rank"] == (
+            ("TypeError", None) if rank == 0 else ("LayoutMismatch", 0)), (rank, out)
+        assert out["after"] == [[6.0] * 4] * (len(refusing) + len(everywhere) + 3)
         assert out["all_to_all_single, splits on one rank only"] == [10.0 * sender + rank for sender in range(world)]

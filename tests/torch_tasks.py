@@ -760,6 +760,15 @@ def refusals_of_one_rank(comm, tag):
             "all_to_all_single, no rows on one rank": lambda: dist.all_to_all_single(
                 torch.empty(0 if r == 0 else n), torch.zeros(0 if r == 0 else n), group=group),
             "broadcast of no elements": lambda: dist.broadcast(torch.empty(0), src=0, group=group),
+            # the refusing rank has nothing to send: it still makes a round the others' call meets
+            "reduce_scatter_tensor, no input on one rank": lambda: dist.reduce_scatter_tensor(
+                torch.empty(1), torch.empty(0 if r == 0 else n), group=group),
+            # an exact call of no elements on one rank only: its round meets the others' data
+            "all_reduce of integers, no elements on one rank": lambda: dist.all_reduce(
+                torch.zeros(0 if r == 0 else 2, dtype=torch.int64), group=group),
+            # refused inside the call, before the engine: the round goes in its place
+            "reduce_scatter_tensor, a float64 output on one rank": lambda: dist.reduce_scatter_tensor(
+                torch.empty(1, dtype=torch.float64 if r == 0 else torch.float32), torch.ones(n), group=group),
         }
         out["after"] = []
         for name, call in cases.items():

@@ -400,6 +400,11 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        with self._refusing():  # all before the first call: one refused later would leave its calls one short
+            for output, flat_input in zip(outputs, inputs):
+                if flat_input.numel() != output.numel() * self.size() or flat_input.dtype != output.dtype:
+                    raise ValueError(f"reduce_scatter_tensor on 'ud': input {flat_input.numel()} {flat_input.dtype}, "
+                                     f"output {output.numel()} {output.dtype} x {self.size()} ranks")
 
         def run():
             for output, flat_input in zip(outputs, inputs):
