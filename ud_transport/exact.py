@@ -210,14 +210,10 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
     n, me = comm.world_size, comm.rank
     starts, stops = comm.chunk_bounds(target.numel(), "int32")
     step = comm.chunk_elements("int32")
-    packed = np.packbits(held)
-    everyone = np.empty((n, packed.size), dtype=np.uint8)
     calls = []
     loss = min(0.5, 1.0 - first.gather_fraction)  # the worst rank's share missing: an agreed estimate
     for _ in range(attempts):
-        packed[:] = np.packbits(held)
-        all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
-        lacking = np.flatnonzero(~np.unpackbits(everyone, axis=1, count=held.size).astype(bool).all(axis=0))
+        lacking = np.flatnonzero(_lacked_everywhere(comm, held, attempts, deadline).any(axis=0))
         if lacking.size == 0:
             return calls
         if collective == "all_gather":  # owner b sends its lacking chunks, every owner as many (padded)
@@ -253,6 +249,17 @@ def _repair(comm, collective, target, held, first, attempts, deadline, src):
             return calls
     raise LossBudgetExceeded(f"rank {me}: exact {collective} still incomplete after {attempts} repairs",
                              calls[-1] if calls else first)
+
+
+def _lacked_everywhere(comm, held, attempts, deadline):
+    """Every rank's mask of what it lacks (rank, chunk), from `held` (this rank's, bool) gathered
+    exactly as bits: the same array on every rank."""
+    import numpy as np
+
+    packed = np.packbits(held)
+    everyone = np.empty((comm.world_size, packed.size), dtype=np.uint8)
+    all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
+    return ~np.unpackbits(everyone, axis=1, count=held.size).astype(bool)
 
 
 def _repair_copies(loss, chunks, receptions, first_chunks):
@@ -404,14 +411,10 @@ def _repair_pieces(comm, source, target, held, first, attempts, deadline):
     starts, stops = comm.chunk_bounds(target.numel(), "int32")
     step = comm.chunk_elements("int32")
     per_block = held.size // n  # equal blocks: an all_to_all's chunks are n rows of one length
-    packed = np.packbits(held)
-    everyone = np.empty((n, packed.size), dtype=np.uint8)
     calls = []
     loss = min(0.5, 1.0 - first.gather_fraction)
     for _ in range(attempts):
-        packed[:] = np.packbits(held)
-        all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
-        lacked = ~np.unpackbits(everyone, axis=1, count=held.size).astype(bool)  # receiver, chunk
+        lacked = _lacked_everywhere(comm, held, attempts, deadline)  # receiver, chunk
         if not lacked.any():
             return calls
         counts = lacked.reshape(n, n, per_block).sum(axis=2)  # receiver, sender

@@ -390,9 +390,7 @@ class ProcessGroupUD(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         with self._refusing():
-            if flat_input.numel() != output.numel() * self.size():
-                raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
-                                 f"output {output.numel()} x {self.size()} ranks")
+            self._check_reduce_scatter_sizes(output, flat_input)
 
         def run():
             self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
@@ -402,14 +400,19 @@ class ProcessGroupUD(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         with self._refusing():  # all before the first call: one refused later would leave its calls one short
             for output, flat_input in zip(outputs, inputs):
-                if flat_input.numel() != output.numel() * self.size() or flat_input.dtype != output.dtype:
-                    raise ValueError(f"reduce_scatter_tensor on 'ud': input {flat_input.numel()} {flat_input.dtype}, "
-                                     f"output {output.numel()} {output.dtype} x {self.size()} ranks")
+                self._check_reduce_scatter_sizes(output, flat_input)
+                if flat_input.dtype != output.dtype:
+                    raise TypeError(f"reduce_scatter_tensor on 'ud': input {flat_input.dtype}, output {output.dtype}")
 
         def run():
             for output, flat_input in zip(outputs, inputs):
                 self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
         return self._submit(run, outputs)
+
+    def _check_reduce_scatter_sizes(self, output, flat_input):
+        if flat_input.numel() != output.numel() * self.size():
+            raise ValueError(f"reduce_scatter_tensor: input has {flat_input.numel()} elements, "
+                             f"output {output.numel()} x {self.size()} ranks")
 
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
