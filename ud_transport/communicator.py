@@ -147,12 +147,13 @@ class Communicator:
         self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
         prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
-        prefix = f"{prefix}/{rendezvous.incarnation(store, prefix, world_size)}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,
                                               self.transport_name)
-        rendezvous.check_identity(store, prefix, rank, world_size, identity, timeout)
+        # the round the ranks met in: its keys are this meeting's alone (a group made again on the
+        # same store, or after a rank's failed try, does not read the session or addresses of another)
+        prefix = rendezvous.meet(store, prefix, rank, world_size, identity, timeout)
         machines = self._exchange_machines(prefix, timeout)
         if stripes == "auto":  # every rank takes the same count from the same records; verbs runs one
             stripes = stripe_choice.agreed_stripes(machines) if self.transport_name == "udp" else 1
