@@ -786,3 +786,119 @@ def refusals_of_one_rank(comm, tag):
                                **({"input_split_sizes": [1] * n, "output_split_sizes": [1] * n} if r == 0 else {}))
         out["all_to_all_single, splits on one rank only"] = received.tolist()
     return out
+
+
+DIFFER_DEADLINE_S = 2.0
+
+
+def calls_that_differ(comm, tag):
+    """Calls whose arguments differ between ranks (issue 38): lists with an empty item, exact calls
+    of no elements on rank 0 only, another collective or op on rank 0. Each on a "ud" group where every collective is exact, then an all_reduce on the
+    same group. Returns {case: (error type, the rank it names, this rank's tensors unchanged)},
+    "after": the all_reduce's sums (or its error)."""
+    import datetime
+
+    n, r = comm.world_size, comm.rank
+    odd = r == 0
+    out = {"after": []}
+    with gloo_world(comm, f"differ-{tag}"):
+        # lossy=(): every collective exact, as the issue's; a short join timeout makes a call the
+        # others never pair with fail the test in seconds, not the group's 30 minutes. Two data
+        # calls of different layouts end at the data deadline (their datagrams are dropped as
+        # foreign), one of no elements at once: a short deadline keeps the test short
+        group = dist.new_group(backend="ud", timeout=datetime.timedelta(seconds=60), pg_options=udt.BackendOptions(
+            lossy=(), deadline=DIFFER_DEADLINE_S, communicator={"join_timeout_s": 10.0}))
+        ints = torch.int32
+
+        def pieces(*sizes, dtype=ints):
+            return [torch.arange(size, dtype=dtype) + 10 * r + 1 for size in sizes]
+
+        cases = {
+            "allreduce of lists, an empty item on rank 0": lambda: (
+                pieces(0, 4) if odd else pieces(4, 4), lambda ts: group.allreduce(ts).wait()),
+            "allreduce of lists, one item more on rank 0": lambda: (
+                pieces(4, 4) if odd else pieces(4), lambda ts: group.allreduce(ts).wait()),
+            "exact.broadcast of no elements on rank 0": lambda: (
+                pieces(0 if odd else 4),
+                lambda ts: exact.broadcast(group.communicator, ts[0], n - 1, deadline=DIFFER_DEADLINE_S)),
+            "exact.all_gather of no elements on rank 0": lambda: (
+                pieces(0 if odd else 4, n * (0 if odd else 4)),
+                lambda ts: exact.all_gather(group.communicator, ts[0], ts[1], deadline=DIFFER_DEADLINE_S)),
+            "exact.allreduce of no elements on rank 0": lambda: (
+                pieces(0 if odd else 4), lambda ts: exact.allreduce(group.communicator, ts[0],
+                                                                    deadline=DIFFER_DEADLINE_S)),
+            "all_reduce MAX on rank 0, SUM elsewhere": lambda: (
+                pieces(4), lambda ts: dist.all_reduce(ts[0], op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM,
+                                                      group=group)),
+            "all_reduce on rank 0, all_gather_into_tensor elsewhere": lambda: (
+                pieces(4, 4 * n), lambda ts: dist.all_reduce(ts[0], group=group) if odd else
+                dist.all_gather_into_tensor(ts[1], ts[0], group=group)),
+            "broadcast on rank 0, scatter elsewhere": lambda: (
+                pieces(2 * n if odd else 2), lambda ts: dist.broadcast(ts[0], src=0, group=group) if odd else
+                dist.scatter(ts[0], None, src=0, group=group)),
+            "reduce on rank 0, all_reduce elsewhere": lambda: (
+                pieces(4), lambda ts: dist.reduce(ts[0], dst=0, group=group) if odd else
+                dist.all_reduce(ts[0], group=group)),
+            "gather on rank 0, all_gather elsewhere": lambda: (
+                pieces(3, *([3] * n)), lambda ts: dist.gather(ts[0], ts[1:], dst=0, group=group) if odd else
+                dist.all_gather(ts[1:], ts[0], group=group)),
+        }
+        for name, make in cases.items():
+            tensors, call = make()
+            kept = [t.clone() for t in tensors]
+            try:
+                call(tensors)
+                outcome = ("no error", None)
+            except ud_transport.TransportError as error:
+                outcome = (type(error).__name__, getattr(error, "rank", None))
+            out[name] = outcome + (all(torch.equal(t, k) for t, k in zip(tensors, kept)),)
+            summed = torch.full((4,), r + 1, dtype=ints)
+            try:
+                dist.all_reduce(summed, group=group)  # the group goes on in step
+                out["after"].append(summed.tolist())
+            except ud_transport.TransportError as error:
+                out["after"].append(type(error).__name__)
+    return out
+
+
+def a_message_of_no_elements(comm, tag):
+    """Rank 0 sends 0 elements where rank 1 receives 4, then 4 on the same channel. Returns
+    (what the first raised, the receiver's tensor unchanged, what the second brought)."""
+    import datetime
+
+    r = comm.rank
+    with gloo_world(comm, f"empty-message-{tag}"):
+        group = dist.new_group(backend="ud", timeout=datetime.timedelta(seconds=60), pg_options=udt.BackendOptions(
+            deadline=DIFFER_DEADLINE_S, communicator={"join_timeout_s": 10.0}))
+        into = torch.full((4,), -1.0)
+        after = torch.zeros(4)
+        outcome = []
+        for message, received in ((torch.zeros(0), into), (torch.arange(4.0) + 100, after)):
+            try:
+                if r == 0:
+                    dist.send(message, dst=1, group=group, tag=3)
+                else:
+                    dist.recv(received, src=0, group=group, tag=3)
+                outcome.append("no error")
+            except ud_transport.TransportError as error:
+                outcome.append(type(error).__name__)
+    return outcome, bool((into == -1.0).all()), after.tolist()
+
+
+def all_gather_coalesced_against_gloo(comm, tag):
+    """all_gather_coalesced with as many inputs as ranks (rank r's input k: 2 elements of
+    r * 10 + k + 1) on "ud" and on Gloo: {backend: outputs[rank][input] as lists}."""
+    import warnings
+
+    n, r = comm.world_size, comm.rank
+    out = {}
+    with gloo_world(comm, f"coalesced-{tag}"):
+        for backend in ("ud", "gloo"):
+            group = dist.new_group(backend=backend)
+            inputs = [torch.full((2,), float(r * 10 + k + 1)) for k in range(n)]
+            outputs = [[torch.empty(2) for _ in range(n)] for _ in range(n)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # deprecated in torch, still c10d's API
+                dist.all_gather_coalesced(outputs, inputs, group=group)
+            out[backend] = [[t.tolist() for t in row] for row in outputs]
+    return out

@@ -31,6 +31,13 @@ caller's tensor is put back from a kept copy when the exact call fails.
 An exact allreduce is an exact all-gather of the inputs followed by the same
 local reduction in rank order on every rank: N times the traffic, bitwise
 identical results everywhere. Meant for control-sized tensors.
+
+Every exact call starts at least one engine call on every rank, whatever it is
+passed: one of no elements is a round that moves nothing, and an argument
+refused before the first call is replaced by an agreement round. Each call
+says what it is in its layout salt (the caller's collective, op and root, and
+the byte count), so ranks whose calls differ in any of them raise
+LayoutMismatch together, with no tensor changed, and their next calls pair.
 """
 import contextlib
 import ctypes
@@ -40,7 +47,7 @@ import weakref
 import zlib
 
 from . import tensors
-from .errors import LossBudgetExceeded
+from .errors import LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
 # From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
@@ -90,6 +97,29 @@ def _without_autograd(collective):
         with torch.no_grad():
             return collective(*arguments, **keywords)
     return run
+
+
+def _salt(*claim):
+    """The layout salt of an exact call from what it claims to be (its collective, op, root, byte
+    count...): ranks whose claims differ raise LayoutMismatch where they would otherwise pair two
+    calls that happen to move the same bytes (an allreduce MAX with a SUM, a broadcast with a
+    scatter). Never 0, which folds nothing into the layout."""
+    return zlib.crc32(repr(claim).encode()) or 1
+
+
+@contextlib.contextmanager
+def _refused_in_step(comm, deadline):
+    """Around the argument checks made before an exact call's first engine call: a refused one
+    still starts one, an agreement round, so that the others' call meets it (and ends with
+    LayoutMismatch naming this rank) instead of waiting for it or pairing with this rank's next."""
+    try:
+        yield
+    except (ValueError, TypeError):
+        try:
+            comm.agree(0, deadline=deadline)
+        except TransportError:  # the others called with data: their call ended, ours is the error
+            pass
+        raise
 
 
 def _as_torch(tensor, writes=False):
@@ -167,9 +197,9 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
     `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
     caller's; a scratch need not be)."""
     n, me = comm.world_size, comm.rank
-    if target.numel() == 0:  # nothing to move (every rank alike, or the layouts differ anyway): as Gloo, no call
-        return []
-    fresh = comm.chunk_mask(collective, target)
+    fresh = comm.chunk_mask(collective, target)  # of no elements too: the call still pairs with the others'
+    if target.numel() == 0:
+        return [attempt(fresh, 1)]
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
     with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
@@ -290,13 +320,16 @@ def _element_pairs(starts, stops, chunks, slots, step):
 
 
 @_without_autograd
-def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="broadcast"):
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
-    Returns the stats of each call. On failure every rank's tensor is as
-    it was."""
+    `collective`: what the caller's call is (e.g. "scatter"), checked across ranks with the byte
+    count and `src`: ranks whose calls differ in any of them raise LayoutMismatch. Returns the
+    stats of each call. On failure every rank's tensor is as it was."""
     source = comm.rank == src  # only read: a read-only array may be the source
-    words, copy_back = as_words(tensor, writes=not source)
-    salt = _as_torch(tensor).nbytes  # sizes that pad to the same words must still mismatch
+    with _refused_in_step(comm, deadline):
+        words, copy_back = as_words(tensor, writes=not source)
+    # the byte count too: sizes that pad to the same words must still mismatch
+    salt = _salt(collective, src, _as_torch(tensor).nbytes)
     stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
                                                                             chunk_mask=mask, copies=copies,
                                                                             direct_output=True, layout_salt=salt),
@@ -307,27 +340,32 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
 
 
 @_without_autograd
-def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather"):
     """Gather every rank's shard (any dtype, the same size everywhere) into
     `output`, rank r's at [r * len(shard), (r + 1) * len(shard)), exactly.
-    `output` is written only on success. Returns the stats of each call."""
+    `collective`: what the caller's call is (e.g. ("gather", root)), checked across ranks with the
+    shard's byte count: ranks whose calls differ raise LayoutMismatch. `output` is written only
+    on success. Returns the stats of each call."""
     import torch
 
-    words, _ = as_words(shard)
-    shard_bytes = _as_torch(shard).nbytes
-    _as_torch(output, writes=True)  # refused before anything is sent, not after
+    with _refused_in_step(comm, deadline):  # refused before anything is sent, not after
+        words, _ = as_words(shard)
+        shard_bytes = _as_torch(shard).nbytes
+        output_bytes = _as_torch(output, writes=True).nbytes
+        if output_bytes < comm.world_size * shard_bytes:
+            raise ValueError(f"output holds {output_bytes} bytes, {comm.world_size} shards need "
+                             f"{comm.world_size * shard_bytes}")
+    salt = _salt(collective, shard_bytes)
     width = words.numel()
     with _borrowed(comm, comm.world_size * width) as gathered:
         gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
         stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
                                                                                   deadline=deadline, chunk_mask=mask,
                                                                                   copies=copies, direct_output=True,
-                                                                                  layout_salt=shard_bytes),
+                                                                                  layout_salt=salt),
                          gathered, attempts, deadline)  # gathered is ours: nothing to put back
         target, copy_back = as_words(output, writes=True)
         target_bytes = target.view(torch.uint8)
-        if target_bytes.numel() < comm.world_size * shard_bytes:
-            raise ValueError(f"output holds {target_bytes.numel()} bytes, {comm.world_size} shards need {comm.world_size * shard_bytes}")
         rows = gathered.view(torch.uint8).view(comm.world_size, 4 * width)[:, :shard_bytes]
         target_bytes[:comm.world_size * shard_bytes].copy_(rows.reshape(-1))
     copy_back()
@@ -335,21 +373,24 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None)
 
 
 @_without_autograd
-def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all"):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
     p of `output` takes rank p's block for this rank, exactly; each piece crosses the network
     once (``Communicator.all_to_all``). `output`, of `tensor`'s size, is written only on success
-    and may be `tensor` itself. Returns the stats of each call."""
+    and may be `tensor` itself. `collective`: what the caller's call is, checked across ranks with
+    the byte count (LayoutMismatch where they differ). Returns the stats of each call."""
     import torch
 
     n = comm.world_size
-    source, target = _as_torch(tensor), _as_torch(output, writes=True)
-    if source.nbytes != target.nbytes or source.nbytes % n:
-        raise ValueError(f"all_to_all needs an output of the tensor's size ({source.nbytes} bytes, not "
-                         f"{target.nbytes}) in {n} blocks of equal bytes")
+    with _refused_in_step(comm, deadline):
+        source, target = _as_torch(tensor), _as_torch(output, writes=True)
+        if source.nbytes != target.nbytes or source.nbytes % n:
+            raise ValueError(f"all_to_all needs an output of the tensor's size ({source.nbytes} bytes, not "
+                             f"{target.nbytes}) in {n} blocks of equal bytes")
+        words, _ = as_words(source)
+    salt = _salt(collective, source.nbytes)
     block_bytes = source.nbytes // n
     width = -(-block_bytes // 4)  # a block as whole 32-bit words, padded where it is not
-    words, _ = as_words(source)
     with contextlib.ExitStack() as stack:
         if 4 * width != block_bytes:
             padded = stack.enter_context(_borrowed(comm, n * width))
@@ -361,7 +402,7 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
 
         def attempt(mask, copies):
             return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                   direct_output=True, layout_salt=source.nbytes)  # received is ours
+                                   direct_output=True, layout_salt=salt)  # received is ours
 
         stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline)
         rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
@@ -376,9 +417,9 @@ def _pieces_exactly(comm, attempt, source, target, attempts, deadline):
     a chunk mask, then repairs (or, below REPAIR_MIN_CHUNKS, whole calls again until no rank lacks
     a chunk, agreed). Unlike a broadcast's, every rank's result differs: completeness is read
     from the masks, never from comparing copies."""
-    if target.numel() == 0:
-        return []
     held = comm.chunk_mask("all_to_all", target)
+    if target.numel() == 0:  # nothing to move, but the call still pairs with the others'
+        return [attempt(held, 1)]
     small = held.size < REPAIR_MIN_CHUNKS
     copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
     first = attempt(held, copies)
@@ -455,20 +496,24 @@ def _repair_pieces(comm, source, target, held, first, attempts, deadline):
 
 
 @_without_autograd
-def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="allreduce"):
     """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,
     exactly and bitwise identically on every rank. op: sum, mean/avg, max,
-    min, product (strings or torch ReduceOp)."""
+    min, product (strings or torch ReduceOp). `collective`: what the caller's call
+    is (e.g. ("reduce", root)), checked across ranks with the op, the dtype (the
+    reduction reads it) and the size: ranks whose calls differ raise LayoutMismatch."""
     import torch
 
-    name = tensors.op_name(op)
-    name = {"avg": "mean", "prod": "product"}.get(name, name)
-    if name not in ("sum", "mean", "max", "min", "product"):
-        raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
-    wrapped = _as_torch(tensor, writes=True)
+    with _refused_in_step(comm, deadline):
+        name = tensors.op_name(op)
+        name = {"avg": "mean", "prod": "product"}.get(name, name)
+        if name not in ("sum", "mean", "max", "min", "product"):
+            raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
+        wrapped = _as_torch(tensor, writes=True)
     flat = wrapped.reshape(-1).clone()
     gathered = torch.empty((comm.world_size, flat.numel()), dtype=flat.dtype)
-    stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline)
+    stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline,
+                       collective=(collective, name, str(flat.dtype)))
     if name in ("max", "min"):
         result = gathered.amax(dim=0) if name == "max" else gathered.amin(dim=0)
     else:

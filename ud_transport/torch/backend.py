@@ -228,7 +228,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         self._misses_since_taken += 1
         self.last_stats = stats
 
-    def _allreduce_one(self, tensor, op):
+    def _allreduce_one(self, tensor, op, claim):
         comm = self.communicator
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self._lossy("allreduce", tensor, op):
@@ -236,11 +236,11 @@ class ProcessGroupUD(dist.ProcessGroup):
                                                            deadline=self.config.deadline, algorithm=self.config.algorithm))
         else:
             self.exact_calls += 1
-            exact.allreduce(comm, work, op_name(op), deadline=self.config.deadline)
+            exact.allreduce(comm, work, op_name(op), deadline=self.config.deadline, collective=claim)
         if work is not tensor:
             tensor.copy_(work)
 
-    def _reduce_scatter_one(self, output, flat_input, op):
+    def _reduce_scatter_one(self, output, flat_input, op, claim):
         comm = self.communicator
         if self._lossy("reduce_scatter", flat_input, op):
             target = output if output.is_contiguous() else output.contiguous()
@@ -250,7 +250,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         else:
             self.exact_calls += 1
             reduced = flat_input.clone()
-            exact.allreduce(comm, reduced, op_name(op), deadline=self.config.deadline)
+            exact.allreduce(comm, reduced, op_name(op), deadline=self.config.deadline, collective=claim)
             start, stop = comm.shard_range(reduced.numel())
             target = reduced[start:stop]
         if target.data_ptr() != output.data_ptr():
@@ -258,12 +258,12 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def _submit(self, run, result):
         """Queue run() on the group's worker so that every rank starts at least one engine call
-        for it: where it starts none here (tensors of no elements, whose exact calls make none, or
-        an argument this rank refused), an agreement round goes in its place. The other ranks'
-        call then always has one to pair with: where theirs differs it ends at once
-        (LayoutMismatch naming this rank), and the group stays in step. A rank that made no call
-        left the others waiting until the group's deadline (30 minutes by default), or paired
-        their call with its next one."""
+        for it: where it starts none here (a list of no tensors, or an argument this rank refused
+        before the engine), an agreement round goes in its place (an exact call of no elements
+        starts one of its own, carrying what it is). The other ranks' call then always has one to
+        pair with: where theirs differs it ends at once (LayoutMismatch naming this rank), and the
+        group stays in step. A rank that made no call left the others waiting until the group's
+        deadline (30 minutes by default), or paired their call with its next one."""
         def in_step():
             before = self.communicator.sequence
             try:
@@ -299,9 +299,10 @@ class ProcessGroupUD(dist.ProcessGroup):
                 pass
             raise
 
-    def _gather_one(self, output_flat, shard):
+    def _gather_one(self, output_flat, shard, claim):
         self.exact_calls += 1
-        exact.all_gather(self.communicator, shard.contiguous(), output_flat, deadline=self.config.deadline)
+        exact.all_gather(self.communicator, shard.contiguous(), output_flat, deadline=self.config.deadline,
+                         collective=claim)
 
     # -- c10d's entry points -----------------------------------------------------
 
@@ -310,8 +311,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def run():
-            for tensor in tensors:
-                self._allreduce_one(tensor, op)
+            for index, tensor in enumerate(tensors):
+                self._allreduce_one(tensor, op, _claim("allreduce", index, tensors, typed=True))
         return self._submit(run, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -322,17 +323,19 @@ class ProcessGroupUD(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
 
         def run():
-            for tensor in tensors:
+            for index, tensor in enumerate(tensors):
                 self.exact_calls += 1
-                exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline)
+                exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
+                                collective=_claim("broadcast", index, tensors))
         return self._submit(run, tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
 
-    def _gather_into_lists(self, what, output_lists, input_tensors, root=None):
+    def _gather_into_lists(self, what, output_lists, input_tensors, root=None, result=None):
         """all_gather (root None: every rank's lists) or gather (only the root's lists; the other
-        ranks take part in the same exact all-gather and keep nothing)."""
+        ranks take part in the same exact all-gather and keep nothing); output_lists[input][rank].
+        `result`: what the Work's future carries, if not the outputs in that order."""
         keeps = root is None or self.rank() == root
         with self._refusing():
             for outputs, shard in zip(output_lists if keeps else (), input_tensors):
@@ -343,17 +346,19 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for index, shard in enumerate(input_tensors):
                 gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
-                self._gather_one(gathered, shard)
+                self._gather_one(gathered, shard, _claim(what if root is None else (what, root), index, input_tensors))
                 for rank, output in enumerate(output_lists[index] if keeps else ()):
                     output.copy_(gathered[rank].view(output.shape))
-        return self._submit(run, [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors))
+        if result is None:
+            result = [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors)
+        return self._submit(run, result)
 
     def _allgather_base(self, output, shard, opts=None):
         with self._refusing():
             _check_gather_output(output, shard, self.size())
 
-        def run():
-            self._gather_one(output, shard)
+        def run():  # pairs with an all_gather of one input: the same call
+            self._gather_one(output, shard, _claim("all_gather", 0, [shard]))
         return self._submit(run, output)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
@@ -362,8 +367,8 @@ class ProcessGroupUD(dist.ProcessGroup):
                 _check_gather_output(output, shard, self.size())
 
         def run():
-            for output, shard in zip(outputs, shards):
-                self._gather_one(output, shard)
+            for index, (output, shard) in enumerate(zip(outputs, shards)):
+                self._gather_one(output, shard, _claim("all_gather", index, shards))
         return self._submit(run, outputs)
 
     # torch 2.13 calls these for all_gather_into_tensor / reduce_scatter_tensor / their coalesced forms
@@ -371,7 +376,14 @@ class ProcessGroupUD(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        """c10d's lists are output_lists[rank][input]; allgather's are [input][rank]."""
+        with self._refusing():
+            if len(output_lists) != self.size() or any(len(outputs) != len(input_list) for outputs in output_lists):
+                raise ValueError(f"all_gather_coalesced on 'ud' needs {self.size()} output lists (one per rank) of "
+                                 f"{len(input_list)} tensors (one per input), got {[len(o) for o in output_lists]}")
+        by_input = [[output_lists[rank][index] for rank in range(self.size())] for index in range(len(input_list))]
+        return self._gather_into_lists("all_gather", by_input, input_list,
+                                       result=[t for outputs in output_lists for t in outputs])
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -383,8 +395,9 @@ class ProcessGroupUD(dist.ProcessGroup):
                                      f"of the output ({output.numel()} elements), got {[p.numel() for p in pieces]}")
 
         def run():
-            for output, pieces in zip(output_tensors, input_lists):
-                self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op)
+            for index, (output, pieces) in enumerate(zip(output_tensors, input_lists)):
+                self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op,
+                                         _claim("reduce_scatter", index, output_tensors, typed=True))
         return self._submit(run, output_tensors)
 
     def _reduce_scatter_base(self, output, flat_input, opts=None):
@@ -393,7 +406,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             self._check_reduce_scatter_sizes(output, flat_input)
 
         def run():
-            self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
+            self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op,
+                                     _claim("reduce_scatter", 0, [output], typed=True))
         return self._submit(run, output)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -405,8 +419,9 @@ class ProcessGroupUD(dist.ProcessGroup):
                     raise TypeError(f"reduce_scatter_tensor on 'ud': input {flat_input.dtype}, output {output.dtype}")
 
         def run():
-            for output, flat_input in zip(outputs, inputs):
-                self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op)
+            for index, (output, flat_input) in enumerate(zip(outputs, inputs)):
+                self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op,
+                                         _claim("reduce_scatter", index, outputs, typed=True))
         return self._submit(run, outputs)
 
     def _check_reduce_scatter_sizes(self, output, flat_input):
@@ -428,9 +443,10 @@ class ProcessGroupUD(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
 
         def run():
-            for tensor in tensors:
+            for index, tensor in enumerate(tensors):
                 self.exact_calls += 1
-                composite.reduce(self.communicator, tensor, op, root, self.config.deadline)
+                composite.reduce(self.communicator, tensor, op, root, self.config.deadline,
+                                 _claim("reduce", index, tensors, typed=True))
         return self._submit(run, tensors)
 
     def gather(self, output_lists, input_tensors, opts=None):
@@ -448,7 +464,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for index, output in enumerate(output_tensors):
                 self.exact_calls += 1
                 composite.scatter(self.communicator, output, input_lists[index] if on_root else [], root,
-                                  self.config.deadline)
+                                  self.config.deadline, _claim("scatter", index, output_tensors))
         return self._submit(run, output_tensors)
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
@@ -520,6 +536,14 @@ class ProcessGroupUD(dist.ProcessGroup):
         # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
         # store server stayed up and the next group's rendezvous read the old one's addresses
         self.communicator.store = None
+
+
+def _claim(collective, index, items, typed=False):
+    """What item `index` of a c10d call over `items` is, for the exact layer to check across
+    ranks: the collective, the item's place, and every item's byte count (with its dtype where
+    `typed`: a reduction reads it). A list that differs anywhere then mismatches at its first
+    call, with no tensor written, instead of at the item that differs, or one call later."""
+    return collective, index, tuple((t.nbytes, str(t.dtype)) if typed else t.nbytes for t in items)
 
 
 def _check_gather_output(output, shard, world_size):

@@ -16,21 +16,24 @@ import torch
 from .. import exact
 
 
-def reduce(comm, tensor, op, root, deadline):
-    """The root's tensor becomes the reduction of every rank's; the others keep theirs."""
+def reduce(comm, tensor, op, root, deadline, collective="reduce"):
+    """The root's tensor becomes the reduction of every rank's; the others keep theirs.
+    `collective` (with the root and op) is checked across ranks: an allreduce, or a reduce to
+    another root, on some rank is LayoutMismatch on every rank."""
     work = tensor.contiguous() if comm.rank == root else tensor.clone()
-    exact.allreduce(comm, work, op, deadline=deadline)
+    exact.allreduce(comm, work, op, deadline=deadline, collective=(collective, root))
     if comm.rank == root and work.data_ptr() != tensor.data_ptr():
         tensor.copy_(work)
 
 
-def scatter(comm, output, pieces, root, deadline):
-    """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors)."""
+def scatter(comm, output, pieces, root, deadline, collective="scatter"):
+    """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors).
+    `collective` is checked across ranks: a broadcast of as many bytes elsewhere is LayoutMismatch."""
     if comm.rank == root:
         stacked = torch.stack([piece.reshape(-1) for piece in pieces])
     else:
         stacked = torch.empty((comm.world_size, output.numel()), dtype=output.dtype)
-    exact.broadcast(comm, stacked, root, deadline=deadline)
+    exact.broadcast(comm, stacked, root, deadline=deadline, collective=collective)
     output.copy_(stacked[comm.rank].view(output.shape))
 
 
@@ -51,7 +54,7 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
     mine = torch.tensor(sends + receives + [row], dtype=torch.int64)
     table = torch.empty((n, 2 * n + 1), dtype=torch.int64)
-    exact.all_gather(comm, mine, table, deadline=deadline)
+    exact.all_gather(comm, mine, table, deadline=deadline, collective="all_to_all splits")
     _check_table(table, n)
     width = int(table[:, :n].max()) * row  # the largest piece any rank sends any rank
     if width == 0:
