@@ -63,3 +63,24 @@ class Forger:
 
     def close(self):
         self.socket.close()
+
+
+def storm(targets, session_id, rate, stop, counter):
+    """Send forged ICMP errors of every type and code, round robin over `targets` (a list of
+    (victim, peer, sender_rank)), at `rate` packets a second until `stop` (an Event) is set;
+    `counter` (a Value) ends as the number sent. Runs in its own process."""
+    import time
+
+    forgers = [Forger(victim, peer, session_id, sender) for victim, peer, sender in targets]
+    kinds = ALL_ERRORS
+    sent, start = 0, time.monotonic()
+    while not stop.is_set():
+        for _ in range(50):  # a batch, then sleep to keep the pace
+            forgers[sent % len(forgers)].send(*kinds[sent % len(kinds)])
+            sent += 1
+        ahead = sent / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+    counter.value = sent
+    for forger in forgers:
+        forger.close()
