@@ -267,6 +267,7 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
 cdef class Engine:
     """One rank's collective engine; owns its transport."""
     cdef udt_comm *comm
+    cdef udt_transport *udp_ptr  # the UDP transport the engine owns (inside a loss wrapper, maybe), or NULL
     cdef readonly uint32_t rank, world_size, chunk_bytes
 
     def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id, dict options):
@@ -277,6 +278,7 @@ cdef class Engine:
         self.comm = udt_comm_create(transport.ptr, rank, world_size, session_id, &native_options, &error)
         if self.comm is NULL:
             raise exception_from(&error, ValueError)
+        self.udp_ptr = transport.udp_ptr
         transport.ptr = NULL  # the engine owns it now
         transport.udp_ptr = NULL
         self.rank = rank
@@ -290,6 +292,18 @@ cdef class Engine:
         if self.comm is not NULL:
             udt_comm_destroy(self.comm)
             self.comm = NULL
+            self.udp_ptr = NULL
+
+    def udp_counters(self):
+        """Its UDP transport's counters since it opened (Transport.udp_counters), ICMP errors read
+        and forged ones dropped among them; {} on other transports."""
+        cdef udt_udp_counters_struct counters
+        if self.comm is NULL:
+            raise ValueError("engine is closed")
+        if self.udp_ptr is NULL:
+            return {}
+        udt_udp_counters(self.udp_ptr, &counters)
+        return counters
 
     def interrupt(self):
         """End the call another thread runs on this engine (within 100 ms), and every later one,

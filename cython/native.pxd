@@ -41,6 +41,8 @@ cdef extern from "transport.h" nogil:
         uint64_t recv_gro_messages
         uint64_t recv_gro_datagrams
         uint64_t icmp_errors
+        uint64_t icmp_unverified
+        uint64_t send_refused
 
     uint32_t udt_udp_features(const udt_transport *t)
     int udt_udp_disable(udt_transport *t, uint32_t features)

@@ -50,6 +50,7 @@ static int fail(struct udt_comm *comm, int status, const char *message)
 static uint64_t us(uint32_t microseconds) { return (uint64_t)microseconds * 1000ull; }
 
 static void set_step_deadline(struct call *c, uint64_t now);
+static void mark_quotes(struct udt_comm *comm);
 
 /* The verdict round may run past the data deadline by a bounded slack. */
 static void set_deadlines(struct call *c, uint64_t from, double seconds)
@@ -788,6 +789,9 @@ static void on_datagram(struct call *c, struct udt_comm *comm, const struct udt_
         return;
     }
     uint32_t peer = (uint32_t)item->peer;
+    /* it carries our session from the peer's address: the peer's socket is open, whatever the
+     * rest of the datagram turns out to be (it refutes a bounce: see notice_bounces) */
+    comm->peers[peer].alive_ns = now;
     const uint8_t *payload = item->data + UDT_WIRE_HEADER_BYTES;
     switch (h.kind) {
     case UDT_KIND_CREDIT:
@@ -1422,6 +1426,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->start_ns = now;
     /* until every rank is known to be in the call, only the join timeout runs */
     set_deadlines(c, now, comm->options.join_timeout_ms * 1e-3);
+    mark_quotes(comm);
     c->drops_before = comm->transport->counter_injected_drops;
     c->overflows_before = comm->transport->counter_receive_overflows;
     c->send_calls_before = comm->transport->counter_send_calls;
@@ -1447,6 +1452,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->reported_sent = 0;
         peer->reported_at_ns = 0;
         peer->finished = 0;
+        peer->port_closed = 0;
         peer->verdict_attempts = 0;
         peer->acks_asked = 0;
         peer->verdict_resend_ns = 0;
@@ -1534,19 +1540,52 @@ static uint64_t data_wake(const struct call *c, const struct udt_comm *comm, uin
     return wake;
 }
 
-/* Mark the peers whose port the transport has seen closed (sticky: a closed port never reopens). */
-void udt_notice_gone_peers(struct udt_comm *comm)
+/* ---- evidence of a closed port ------------------------------------------- */
+
+/* Tell the transport what our datagrams carry (the session id, which no stranger knows), so
+ * that an ICMP message quoting a datagram without it is dropped, not counted (transport.h). */
+static void mark_quotes(struct udt_comm *comm)
+{
+    struct udt_peer_ports *ports = comm->transport->ports;
+    if (!ports || ports->quote_bytes)
+        return;
+    ports->quote_offset = 8; /* udt_wire_encode: the session id */
+    udt_put64(ports->quote, comm->session_id);
+    ports->quote_bytes = 8;
+}
+
+void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer)
+{
+    if (peer >= c->n || peer == c->rank || comm->peers[peer].port_closed)
+        return;
+    comm->peers[peer].port_closed = 1;
+    c->ports_closed++;
+}
+
+/* An ICMP port unreachable quoting one of our datagrams to a peer says its socket was closed
+ * when the datagram got there. Evidence, not a verdict, and for this call only: a port briefly
+ * closed (a NAT or firewall reset), or a bounce of the call before, is forgotten when the peer
+ * speaks again, and a peer whose verdict we hold has only left. Otherwise what it owed us will
+ * not come: the data phase ends and our verdict names it (CAUSE_PORT_CLOSED), so every rank
+ * fails the call with the same cause, and peers holding that verdict stop waiting for the
+ * closed port's own (udt_verdict_progress). The forged ICMP of issue 38 no longer reaches
+ * here: it cannot quote our session id. */
+static void notice_bounces(struct call *c, struct udt_comm *comm, uint64_t now)
 {
     const struct udt_peer_ports *ports = comm->transport->ports;
-    if (!ports || ports->closed_count == comm->ports_closed_seen)
+    if (!ports || ports->bounce_count == comm->bounces_seen)
         return;
-    comm->ports_closed_seen = ports->closed_count;
+    comm->bounces_seen = ports->bounce_count;
     uint32_t n = ports->peer_count < comm->world_size ? ports->peer_count : comm->world_size;
     for (uint32_t p = 0; p < n; p++) {
-        if (ports->closed[p] && !comm->peers[p].gone && p != comm->rank) {
-            comm->peers[p].gone = 1;
-            comm->peers_gone++;
-        }
+        struct peer_state *peer = &comm->peers[p];
+        if (ports->bounces[p] == peer->bounces_seen || p == comm->rank)
+            continue;
+        peer->bounces_seen = ports->bounces[p];
+        peer->bounced_ns = now;
+        if (peer->alive_ns < now && !(peer->slot[c->sequence & 1].sequence == c->sequence &&
+                                      (peer->slot[c->sequence & 1].flags & VERDICT_GOT)))
+            udt_note_port_closed(c, comm, p);
     }
 }
 
@@ -1556,11 +1595,11 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     if (c->phase == PHASE_DONE || c->phase == PHASE_IDLE)
         return 2;
     int progressed = 0, rc;
-    udt_notice_gone_peers(comm);
+    notice_bounces(c, comm, now);
     if (c->phase == PHASE_DATA) {
-        /* a gone peer sends nothing more: what has not arrived will not; the verdict round
-         * then waits only for the peers still there */
-        if (now >= c->deadline_ns || comm->peers_gone) {
+        /* a closed port sends nothing more, and a call a peer's verdict has failed needs nothing
+         * more: the verdict round then settles the cause */
+        if (now >= c->deadline_ns || c->ports_closed || c->doomed) {
             /* whatever has not arrived is lost; close the rest in order so
              * the owned block is still rescaled; abandon unsent data */
             c->stats->deadline_expired = now >= c->deadline_ns;

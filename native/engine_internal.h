@@ -26,6 +26,17 @@ enum call_phase { PHASE_IDLE = 0, PHASE_DATA = 1, PHASE_VERDICT = 2, PHASE_DONE 
 /* verdict causes, by severity (the worst one on any rank wins) */
 enum { CAUSE_NONE = 0, CAUSE_PEER_TIMEOUT = 1, CAUSE_LAYOUT = 2, CAUSE_TRANSPORT = 3 };
 #define CAUSE_WORD(severity, rank) (((uint32_t)(severity) << 16) | (uint32_t)(rank))
+/* Beside a PEER_TIMEOUT's rank: the rank's port was seen closed (a datagram to it came back as
+ * an ICMP port unreachable quoting this session), so peers need not wait for its verdict. It
+ * never decides which cause wins (udt_cause_max): world sizes stay below this bit. */
+#define CAUSE_PORT_CLOSED 0x8000u
+#define CAUSE_SEVERITY(word) ((word) >> 16)
+#define CAUSE_RANK(word) ((word) & 0x7FFFu)
+static inline uint32_t udt_cause_max(uint32_t a, uint32_t b)
+{
+    uint32_t a_key = a & ~CAUSE_PORT_CLOSED, b_key = b & ~CAUSE_PORT_CLOSED;
+    return a_key > b_key ? a : b_key > a_key ? b : a | b;
+}
 
 /* what a peer told us in the verdict round, kept per call parity so a
  * peer one call ahead does not overwrite the current call's message */
@@ -54,7 +65,7 @@ struct peer_state {
     uint32_t reported_sent;     /* its to us, as its last JOIN said: nothing more comes of steps below this */
     uint64_t reported_at_ns;    /* when that report last moved */
     uint8_t heard;              /* anything valid from it during this call: it is in the call */
-    uint8_t gone;               /* its port is closed (the transport saw it): it will never answer again */
+    uint8_t port_closed;        /* this call: its port was seen closed, by us or by a peer whose verdict says so */
     uint64_t last_heard_ns;
     uint64_t join_request_ns;  /* when to ask it again whether it is in the call */
     uint32_t join_requests;    /* asked so far (the interval doubles) */
@@ -65,6 +76,9 @@ struct peer_state {
     uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
     /* kept between calls */
+    uint64_t alive_ns;          /* the last datagram of this session from it, of any call */
+    uint64_t bounced_ns;        /* the last ICMP port unreachable quoting our datagram to it */
+    uint32_t bounces_seen;      /* the transport's count for it when we last looked */
     uint32_t early_credit_sequence, early_credit, early_credit_layout;
     uint8_t early_credit_valid; /* sequence numbers wrap: 0 is a call like any other, not "none" */
     uint32_t early_join_sequence; /* it said it is in this (our next) call */
@@ -128,6 +142,8 @@ struct call {
     uint32_t heard_count;        /* peers known to be in this call */
     uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
     uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
+    uint32_t ports_closed;       /* peers with port_closed set this call: the data phase is over */
+    uint8_t doomed;              /* a peer's verdict carries a cause: the call fails whatever else arrives */
     uint64_t drops_before;
     uint64_t overflows_before;   /* the transport's receive-overflow count when the call started */
     uint64_t send_calls_before, receive_calls_before; /* its system-call counts then */
@@ -151,8 +167,7 @@ struct udt_comm {
     uint32_t send_epoch, credit_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;
-    uint32_t peers_gone;         /* peers marked gone */
-    uint32_t ports_closed_seen;  /* the transport's closed_count when we last looked */
+    uint32_t bounces_seen;       /* the transport's bounce_count when we last looked */
     /* our own verdict of the previous call, to answer peers still in it */
     uint32_t last_verdict_sequence;
     uint8_t have_last_verdict;
@@ -175,7 +190,7 @@ struct udt_comm {
 };
 
 /* engine.c */
-void udt_notice_gone_peers(struct udt_comm *comm);
+void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer);
 void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now);
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
 void udt_close_all_steps(struct call *c);

@@ -44,14 +44,20 @@ struct udt_transport_ops {
     void (*destroy)(struct udt_transport *t);
 };
 
-/* Peers whose port is known closed: UDP learns it from the ICMP port unreachable that comes
- * back for a datagram sent to it (IP_RECVERR). A rank's socket lives as long as its
- * communicator, so a closed port means its process exited or it closed the communicator;
- * it never reopens. Kept by the transport that sends; wrappers share the pointer. */
+/* What the transport heard of peers' ports: UDP counts the ICMP port unreachable messages
+ * that come back for datagrams sent to each peer (IP_RECVERR). Evidence, never a verdict:
+ * anyone who can send to us can send ICMP, so one counts only when the datagram it quotes
+ * carries `quote` at `quote_offset` (the engine puts its session id there: a stranger cannot
+ * know it), and even then the engine asks its peers before it names anyone (engine.c,
+ * "evidence of a closed port"). Kept by the transport that sends; wrappers share the pointer. */
+#define UDT_QUOTE_MAX 16
 struct udt_peer_ports {
-    uint32_t closed_count; /* changes whenever closed[] gains a peer: the engine scans only then */
+    uint32_t bounce_count;  /* sum of bounces[]: the engine scans only when it moves */
     uint32_t peer_count;
-    uint8_t closed[];
+    uint32_t quote_offset, quote_bytes; /* 0 bytes: nothing is counted */
+    uint8_t quote[UDT_QUOTE_MAX];
+    uint64_t unverified;    /* port unreachable messages whose quote did not carry `quote` (dropped) */
+    uint32_t bounces[];     /* per peer */
 };
 
 struct udt_transport {
@@ -64,7 +70,7 @@ struct udt_transport {
                                          * (UDP: SO_RXQ_OVFL, as reported with the next datagram received) */
     uint64_t counter_send_calls;    /* send system calls made, refused ones too (UDP: sendmmsg); 0 where not counted (verbs, memory) */
     uint64_t counter_receive_calls; /* system calls that returned datagrams (UDP: recvmmsg) */
-    struct udt_peer_ports *ports; /* peers known gone; NULL where the transport cannot tell (verbs, memory) */
+    struct udt_peer_ports *ports; /* bounces from peers' ports; NULL where the transport cannot tell (verbs, memory) */
     struct udt_error error; /* of the last failed operation */
 };
 
@@ -121,6 +127,8 @@ struct udt_udp_counters {
     uint64_t recv_gro_messages;  /* of which held more than one datagram */
     uint64_t recv_gro_datagrams; /* datagrams split out of those */
     uint64_t icmp_errors;        /* ICMP errors read from the error queue (a closed port is one kind) */
+    uint64_t icmp_unverified;    /* of which port unreachable quoting a datagram that was not ours (forged): dropped */
+    uint64_t send_refused;       /* messages the network refused (an errno other than a full buffer): skipped as loss */
 };
 int udt_udp_counters(const struct udt_transport *t, struct udt_udp_counters *out);
 

@@ -170,7 +170,7 @@ static int udp_set_peers(struct udt_transport *t, const uint8_t *addresses, uint
     }
     struct udt_peer_ports *ports = NULL;
     if (u->features & UDT_UDP_PORTS_WATCHED) {
-        if (!(ports = calloc(1, sizeof *ports + (count ? count : 1)))) {
+        if (!(ports = calloc(1, sizeof *ports + (count ? count : 1) * sizeof ports->bounces[0]))) {
             free(peers);
             return -ENOMEM;
         }
@@ -200,29 +200,46 @@ static int32_t lookup_peer(struct udp_transport *u, const struct sockaddr_in *fr
     return -1;
 }
 
-/* Errors a UDP socket reports for an ICMP message about an earlier datagram. */
-static int reported_by_icmp(int error)
+/* Errors that say this socket or this call is broken, not the network: everything else a send
+ * or receive reports (an ICMP error of any type or code about an earlier datagram, delivered
+ * once by whichever call comes next; a firewall's EPERM; ENOBUFS) is loss, never a failure:
+ * a stranger who can send ICMP to us must not be able to end a call. */
+static int socket_broken(int error)
 {
-    return error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EHOSTDOWN || error == EMSGSIZE ||
-           error == EPROTO;
+    return error == EBADF || error == ENOTSOCK || error == EFAULT || error == EDESTADDRREQ || error == EAFNOSUPPORT ||
+           error == EINVAL;
 }
 
-/* Read the socket's error queue (IP_RECVERR): an ICMP port unreachable for a datagram we sent
- * to a peer means that peer's socket is gone. Other errors (a host or network unreachable,
- * a fragmentation need) are loss, not news. Reading also clears the socket's pending error. */
+/* How many times a send refused by a pending error is tried again before its message counts as
+ * lost: each refusal consumes the error it reported, so only a storm of them refuses again. */
+#define SEND_REFUSALS_RETRIED 4
+
+/* Whether the datagram an ICMP message quotes (its first `length` bytes) carries the engine's
+ * mark (struct udt_peer_ports): only then did we send it. */
+static int quote_is_ours(const struct udt_peer_ports *ports, const uint8_t *quoted, size_t length)
+{
+    return ports->quote_bytes && length >= (size_t)ports->quote_offset + ports->quote_bytes &&
+           memcmp(quoted + ports->quote_offset, ports->quote, ports->quote_bytes) == 0;
+}
+
+/* Read the socket's error queue (IP_RECVERR), which also clears its pending error. A port
+ * unreachable quoting one of our datagrams to a peer is counted against that peer (evidence
+ * that its socket is gone, which the engine weighs); every other ICMP error, and one quoting a
+ * datagram that is not ours, changes nothing but counters. */
 static void drain_errors(struct udp_transport *u)
 {
-    for (;;) {
+    for (int read = 0; read < 1024; read++) { /* bounded: a storm cannot hold a call here */
         struct sockaddr_in destination;
         union {
             char bytes[CMSG_SPACE(sizeof(struct sock_extended_err) + sizeof(struct sockaddr_in))];
             struct cmsghdr align;
         } control;
-        char payload[64];
+        uint8_t payload[64];
         struct iovec iov = {.iov_base = payload, .iov_len = sizeof payload};
         struct msghdr h = {.msg_name = &destination, .msg_namelen = sizeof destination, .msg_iov = &iov, .msg_iovlen = 1,
                            .msg_control = control.bytes, .msg_controllen = sizeof control.bytes};
-        if (recvmsg(u->fd, &h, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+        ssize_t quoted = recvmsg(u->fd, &h, MSG_ERRQUEUE | MSG_DONTWAIT);
+        if (quoted < 0)
             return;
         u->counters.icmp_errors++;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
@@ -230,12 +247,17 @@ static void drain_errors(struct udp_transport *u)
                 continue;
             struct sock_extended_err e;
             memcpy(&e, CMSG_DATA(c), sizeof e);
-            if (e.ee_origin != SO_EE_ORIGIN_ICMP || e.ee_type != ICMP_DEST_UNREACH || e.ee_code != ICMP_PORT_UNREACH)
+            if (e.ee_origin != SO_EE_ORIGIN_ICMP || e.ee_type != ICMP_DEST_UNREACH || e.ee_code != ICMP_PORT_UNREACH || !u->ports)
                 continue;
-            int32_t peer = h.msg_namelen >= sizeof destination && u->ports ? lookup_peer(u, &destination) : -1;
-            if (peer >= 0 && !u->ports->closed[peer]) {
-                u->ports->closed[peer] = 1;
-                u->ports->closed_count++;
+            if (!quote_is_ours(u->ports, payload, (size_t)quoted)) {
+                u->counters.icmp_unverified++;
+                u->ports->unverified++;
+                continue;
+            }
+            int32_t peer = h.msg_namelen >= sizeof destination ? lookup_peer(u, &destination) : -1;
+            if (peer >= 0) {
+                u->ports->bounces[peer]++;
+                u->ports->bounce_count++;
             }
         }
     }
@@ -320,7 +342,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             return -EINVAL;
         }
     }
-    int done = 0, retried = 0;
+    int done = 0, refusals = 0;
     while (done < count) {
         int messages = build_messages(u, items + done, count - done);
         int sent = sendmmsg(u->fd, u->send_msgs, (unsigned)messages, MSG_DONTWAIT);
@@ -329,32 +351,38 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             int error = errno;
             if (error == EAGAIN || error == ENOBUFS || error == EINTR)
                 return done;
-            /* An ICMP error for an earlier datagram is reported once, by whichever call comes
-             * next: read it from the error queue and send this message again. */
-            if ((u->features & UDT_UDP_PORTS_WATCHED) && reported_by_icmp(error) && !retried) {
+            /* An error about an earlier datagram (ICMP of any type or code) is reported once, by
+             * whichever call comes next: read the error queue, and send again. */
+            uint64_t icmp_before = u->counters.icmp_errors;
+            if (u->features & UDT_UDP_PORTS_WATCHED)
                 drain_errors(u);
-                retried = 1;
-                continue;
-            }
+            int about_earlier = u->counters.icmp_errors != icmp_before;
             /* The first message failed. A GSO message the kernel will not
              * take (no UDP_SEGMENT, no checksum offload on the route, a
-             * path MTU below the segment): GSO off for good, send again. */
-            if (u->send_items_in[0] > 1 &&
+             * path MTU below the segment), refused twice in a row: GSO off
+             * for good, send again. */
+            if (!about_earlier && u->send_items_in[0] > 1 &&
                 (error == EINVAL || error == ENOPROTOOPT || error == EIO || error == EOPNOTSUPP || error == EMSGSIZE)) {
+                if (refusals++ == 0)
+                    continue;
+                refusals = 0;
                 u->features = (u->features & ~UDT_UDP_GSO) | UDT_UDP_GSO_REFUSED;
                 u->gso_refused_errno = error;
                 continue;
             }
-            /* The network refused this message (a firewall, no route, an
-             * ICMP error from an earlier send): that is loss, not a failure
-             * of the call. Skip its datagrams and go on. */
-            if (error == EPERM || error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EMSGSIZE) {
-                done += (int)u->send_items_in[0];
-                retried = 0;
-                continue;
+            if (!about_earlier && socket_broken(error)) {
+                udp_call_failed(u, "sendmmsg", error);
+                return -error;
             }
-            udp_call_failed(u, "sendmmsg", error);
-            return -error;
+            /* The network refused this message (a firewall, no route) or errors about earlier
+             * ones keep coming: after a few refusals in a row the message counts as lost and
+             * the batch goes on. Never a failure of the call. */
+            if (++refusals <= SEND_REFUSALS_RETRIED)
+                continue;
+            u->counters.send_refused++;
+            done += (int)u->send_items_in[0];
+            refusals = 0;
+            continue;
         }
         for (int i = 0; i < sent; i++) {
             done += (int)u->send_items_in[i];
@@ -364,7 +392,7 @@ static int udp_send_batch(struct udt_transport *t, const struct udt_send_item *i
             }
         }
         u->counters.send_messages += (uint64_t)sent;
-        retried = 0;
+        refusals = 0;
         /* Fewer than asked: the next call reports why (a full buffer ends
          * the batch; a refused message is skipped or resent above). */
     }
@@ -436,14 +464,13 @@ static int udp_recv_batch(struct udt_transport *t, struct udt_recv_item *items, 
         int error = errno;
         if (error == EAGAIN || error == EINTR)
             return 0;
-        if (reported_by_icmp(error)) { /* an earlier datagram of ours bounced: news (drain_errors) or loss */
+        if (!socket_broken(error)) { /* an error about an earlier datagram of ours (ICMP): evidence or loss */
             if (u->features & UDT_UDP_PORTS_WATCHED)
                 drain_errors(u);
             return 0;
         }
-        errno = error;
-        udp_call_failed(u, "recvmmsg", errno);
-        return -errno;
+        udp_call_failed(u, "recvmmsg", error);
+        return -error;
     }
     if (got > 0)
         t->counter_receive_calls++;

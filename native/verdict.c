@@ -36,6 +36,15 @@
 #define ACK_QUIET_INTERVALS 64u
 #define ACK_QUIET_SENDS 64u
 
+/* Whether the peer's verdict for this call came before its port closed: it decided and left, as
+ * a peer does after the last call; nothing it owed us is missing. */
+static int left_after_its_verdict(const struct call *c, const struct udt_comm *comm, uint32_t peer)
+{
+    const struct peer_state *p = &comm->peers[peer];
+    return (p->slot[c->sequence & 1].flags & VERDICT_GOT) && p->slot[c->sequence & 1].sequence == c->sequence &&
+           p->bounced_ns >= c->start_ns && p->bounced_ns > p->alive_ns;
+}
+
 static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts, int only_ack_missing)
 {
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
@@ -104,6 +113,19 @@ static void mark_finished(struct call *c, struct udt_comm *comm, uint32_t peer, 
     }
 }
 
+/* A peer's verdict that carries a cause fails the call on every rank whatever else arrives: the
+ * data phase can end; one that names a closed port lets us stop waiting for that rank's verdict. */
+static void heed_cause(struct call *c, struct udt_comm *comm, const uint8_t *payload)
+{
+    struct udt_verdict v;
+    udt_verdict_decode(payload, &v);
+    if (v.cause == CAUSE_NONE)
+        return;
+    c->doomed = 1;
+    if (v.cause & CAUSE_PORT_CLOSED)
+        udt_note_port_closed(c, comm, CAUSE_RANK(v.cause));
+}
+
 /* A peer that sends us anything of the next call has decided this one, so
  * it holds our verdict: that is its acknowledgement, even if the answer
  * saying so was lost. */
@@ -130,6 +152,7 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
         if (slot->flags & VERDICT_GOT) {
             c->verdicts_got++;
             mark_finished(c, comm, p, now);
+            heed_cause(c, comm, slot->payload);
         }
         if (slot->flags & VERDICT_ACKED)
             c->verdicts_acked++;
@@ -149,6 +172,11 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
         for (uint32_t p = 0; p < c->n; p++)
             if (p != c->rank && !comm->peers[p].heard)
                 absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
+    /* a closed port we saw is named in the first copy of our verdict, so that every rank that
+     * combines it fails alike (evidence seen after this is combined where we decide) */
+    for (uint32_t p = 0; p < c->n && c->ports_closed; p++)
+        if (comm->peers[p].port_closed && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
+            absent = udt_cause_max(absent, CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | CAUSE_PORT_CLOSED);
     struct udt_verdict mine = {
         .cause = absent,
         .agree_value = c->args.agree_value,
@@ -173,7 +201,8 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
     }
     struct udt_verdict claimed;
     udt_verdict_decode(payload, &claimed);
-    if ((claimed.cause >> 16) > CAUSE_TRANSPORT || (claimed.cause != CAUSE_NONE && (claimed.cause & 0xFFFFu) >= c->n)) {
+    if (CAUSE_SEVERITY(claimed.cause) > CAUSE_TRANSPORT || (claimed.cause != CAUSE_NONE && CAUSE_RANK(claimed.cause) >= c->n) ||
+        ((claimed.cause & CAUSE_PORT_CLOSED) && CAUSE_SEVERITY(claimed.cause) != CAUSE_PEER_TIMEOUT)) {
         c->stats->dropped_invalid++; /* a cause no rank can have: it would blame a rank that does not exist */
         return;
     }
@@ -194,16 +223,17 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             if (current) {
                 c->verdicts_got++;
                 mark_finished(c, comm, peer, now);
+                heed_cause(c, comm, payload);
             }
         } else if (!(current && c->decided) && slot->layout_tag == h->layout_tag &&
-                   claimed.cause == CAUSE_WORD(CAUSE_PEER_TIMEOUT, c->rank)) {
+                   (claimed.cause & ~CAUSE_PORT_CLOSED) == CAUSE_WORD(CAUSE_PEER_TIMEOUT, c->rank)) {
             /* a peer that gave up on us sends its verdict on with that cause (decide): take it,
              * so that we fail as it did (the counts are the ones it sent first). Only this cause:
              * a forger gains nothing it could not have by sending its verdict first */
             struct udt_verdict held;
             udt_verdict_decode(slot->payload, &held);
-            if (claimed.cause > held.cause) {
-                held.cause = claimed.cause;
+            if (udt_cause_max(claimed.cause, held.cause) != held.cause) {
+                held.cause = udt_cause_max(claimed.cause, held.cause);
                 udt_verdict_encode(&held, slot->payload);
             }
         }
@@ -277,19 +307,19 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         if (!(slot->flags & VERDICT_GOT)) {
-            uint32_t silent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
-            combined.cause = silent > combined.cause ? silent : combined.cause;
+            uint32_t silent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | (comm->peers[p].port_closed ? CAUSE_PORT_CLOSED : 0);
+            combined.cause = udt_cause_max(combined.cause, silent);
             continue;
         }
         udt_verdict_decode(slot->payload, &other);
-        combined.cause = other.cause > combined.cause ? other.cause : combined.cause;
+        combined.cause = udt_cause_max(combined.cause, other.cause);
         combined.agree_value = other.agree_value > combined.agree_value ? other.agree_value : combined.agree_value;
         combined.loss_budget = other.loss_budget < combined.loss_budget ? other.loss_budget : combined.loss_budget;
         combined.reduce_weighted += other.reduce_weighted;
         fresh_least = other.fresh_elements < fresh_least ? other.fresh_elements : fresh_least;
     }
     uint32_t mismatch = layout_cause(c, comm);
-    combined.cause = mismatch > combined.cause ? mismatch : combined.cause;
+    combined.cause = udt_cause_max(combined.cause, mismatch);
     struct udt_collective_stats *st = c->stats;
     double count = (double)c->args.count;
     int reduces = c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER;
@@ -305,16 +335,17 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
         st->own_gather_fraction = gathers ? (double)mine.fresh_elements / count : 1.0;
     }
     st->agreed_value = combined.agree_value;
-    uint32_t severity = combined.cause >> 16, blamed = combined.cause & 0xFFFFu;
+    uint32_t severity = CAUSE_SEVERITY(combined.cause), blamed = CAUSE_RANK(combined.cause);
     if (severity == CAUSE_PEER_TIMEOUT) {
         st->silent_rank = (int32_t)blamed;
         if (blamed == c->rank)
             udt_error_check(&comm->error, "rank %u (this rank): its peers stopped waiting for it (it came to the call "
                             "after the %.1f s join timeout, or its verdict did not reach them within the %.3f s deadline)",
                             blamed, comm->options.join_timeout_ms * 1e-3, c->args.deadline_s);
-        else if (blamed < c->n && comm->peers[blamed].gone)
-            udt_error_check(&comm->error, "rank %u is gone: its port is closed (ICMP port unreachable came back), so its "
-                            "process exited or it closed its communicator", blamed);
+        else if (combined.cause & CAUSE_PORT_CLOSED)
+            udt_error_check(&comm->error, "rank %u is gone: its port is closed (a datagram of this call to it came back as "
+                            "ICMP port unreachable, quoting this session), so its process exited or it closed its "
+                            "communicator", blamed);
         else if (blamed < c->n && (slot_for(comm, blamed, c->sequence)->flags & VERDICT_GOT))
             udt_error_check(&comm->error, "rank %u came late to the call or its verdict reached a peer too late: that "
                             "peer stopped waiting for it", blamed);
@@ -359,20 +390,21 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
      * leave either way */
     if (severity == CAUSE_PEER_TIMEOUT)
         for (uint32_t p = 0; p < c->n; p++)
-            if (p != c->rank && !comm->peers[p].gone && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
+            if (p != c->rank && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
                 (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_REPLY);
     return 1;
 }
 
-/* Whether every peer that has not acknowledged our verdict is gone, or has been silent long
- * enough after getting enough copies of it (see ACK_QUIET_INTERVALS). */
+/* Whether every peer that has not acknowledged our verdict has left (its port closed after its
+ * verdict came), had its port closed in this call, or has been silent long enough after getting enough copies of it (see
+ * ACK_QUIET_INTERVALS). */
 static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t base)
 {
     for (uint32_t p = 0; p < c->n; p++) {
         if (p == c->rank)
             continue;
         struct peer_state *peer = &comm->peers[p];
-        if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || peer->gone)
+        if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || left_after_its_verdict(c, comm, p) || peer->port_closed)
             continue;
         uint64_t quiet_since = peer->last_heard_ns > c->decided_ns ? peer->last_heard_ns : c->decided_ns;
         if (peer->acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
@@ -381,13 +413,14 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
     return 1;
 }
 
-/* Whether every peer has sent its verdict or is gone (it never will). */
-static int all_but_gone_answered(const struct call *c, const struct udt_comm *comm)
+/* Whether every peer has sent its verdict or its port was seen closed in this call (it never
+ * will; the cause that names it is in our verdict or in a peer's, so every rank fails alike). */
+static int all_but_closed_answered(const struct call *c, const struct udt_comm *comm)
 {
-    if (!comm->peers_gone)
+    if (!c->ports_closed)
         return 0;
     for (uint32_t p = 0; p < c->n; p++)
-        if (p != c->rank && !comm->peers[p].gone && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
+        if (p != c->rank && !comm->peers[p].port_closed && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
             return 0;
     return 1;
 }
@@ -397,7 +430,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     int progressed = 0;
     uint32_t others = c->n - 1;
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
-    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns || all_but_gone_answered(c, comm))) {
+    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns || all_but_closed_answered(c, comm))) {
         progressed |= decide(c, comm, now);
         /* from now on only acknowledgements are missing: ask for them soon */
         uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
@@ -440,7 +473,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         if (p == c->rank)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
-        if (((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED)) || peer->gone)
+        if (((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED)) || left_after_its_verdict(c, comm, p))
             continue;
         if (now >= peer->verdict_resend_ns) {
             uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;

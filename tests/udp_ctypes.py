@@ -44,7 +44,8 @@ class TransportBase(ctypes.Structure):  # struct udt_transport (native/transport
 class Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "send_calls", "send_messages", "send_gso_messages", "send_gso_datagrams",
-        "recv_calls", "recv_messages", "recv_gro_messages", "recv_gro_datagrams", "icmp_errors")]
+        "recv_calls", "recv_messages", "recv_gro_messages", "recv_gro_datagrams", "icmp_errors",
+        "icmp_unverified", "send_refused")]
 
 
 lib = ctypes.CDLL(_native.__file__)

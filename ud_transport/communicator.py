@@ -738,6 +738,37 @@ class Communicator:
                 raise TransportError("communicator is closed")
             return self._engine.sequence
 
+    def udp_counters(self):
+        """What this rank's UDP sockets counted since they opened, summed over stripes: system
+        calls and GSO/GRO use, and the ICMP errors read (`icmp_errors`), of which
+        `icmp_unverified` were port unreachable messages quoting a datagram that did not carry
+        this communicator's session id (forged: dropped, see SECURITY.md), and the messages the
+        network refused and that were skipped as loss (`send_refused`).
+
+        Returns
+        -------
+        dict of str to int
+            Empty on transports other than UDP.
+
+        Raises
+        ------
+        TransportError
+            The communicator is closed.
+
+        Examples
+        --------
+        >>> comm.udp_counters()["icmp_unverified"]  # doctest: +SKIP
+        0
+        """
+        with self._lock:
+            if self._engine is None:
+                raise TransportError("communicator is closed")
+            total = {}
+            for engine in self._stripes:
+                for name, value in engine.udp_counters().items():
+                    total[name] = total.get(name, 0) + value
+            return total
+
     # -- lifetime ---------------------------------------------------------
 
     def interrupt(self):

@@ -8,7 +8,9 @@
  * Input: byte 0 picks the collective (bit 7: all_to_all) and algorithm; then records of
  * [flags][peer][length: 2 bytes LE][datagram]. Flag bit 0 overwrites magic,
  * version, session, sequence, source rank and layout tag with the call's own,
- * so the fuzzer reaches the checks behind them without guessing 20 bytes.
+ * so the fuzzer reaches the checks behind them without guessing 20 bytes. Flag bit 2: before
+ * the datagram, the transport reports an ICMP port unreachable for one sent to that peer (a
+ * bounce, as UDP's error queue does), so the evidence of closed ports meets every datagram order.
  * Build and run: scripts/fuzz.sh */
 #include <stdint.h>
 #include <stdio.h>
@@ -50,6 +52,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, WORLD, SESSION, &options, &error);
     if (!comm)
         abort();
+    /* the memory transport cannot hear of closed ports: the harness plays its error queue */
+    struct udt_peer_ports *ports = calloc(1, sizeof *ports + WORLD * sizeof ports->bounces[0]);
+    if (!ports)
+        abort();
+    ports->peer_count = WORLD;
+    comm->transport->ports = ports;
 
     float input[COUNT], output[COUNT];
     for (int i = 0; i < COUNT; i++)
@@ -80,6 +88,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             h.layout_tag = c->layout_tag;
             udt_wire_encode(&h, datagram);
         }
+        if (flags & 4) {
+            ports->bounces[peer]++;
+            ports->bounce_count++;
+        }
         struct udt_send_item item = {.peer = 0, .header = datagram, .header_bytes = length};
         udt_transport_send(peers[peer], &item, 1);
         uint64_t wake;
@@ -105,6 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     udt_call_finish(comm, now);
+    comm->transport->ports = NULL;
+    free(ports);
     udt_comm_destroy(comm);
     udt_transport_destroy(peers[1]);
     udt_transport_destroy(peers[2]);
