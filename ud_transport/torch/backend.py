@@ -505,7 +505,16 @@ class ProcessGroupUD(dist.ProcessGroup):
         tensor = self._message_tensor("recv", tensors, srcRank)
         return self._channels.recv(tensor, srcRank, tag)
 
-    recv_anysource = _unsupported("recv_anysource")
+    def recv_anysource(self, tensors, tag=0):
+        """dist.recv/irecv without src: the next message under `tag` from any other rank (the
+        Work's _source_rank() names it); see point_to_point.Channels.recv_anysource."""
+        if len(tensors) != 1:
+            raise ValueError(f"recv on 'ud' takes one tensor, got {len(tensors)}")
+        if tensors[0].device.type != "cpu":
+            raise ValueError(f"recv on 'ud' takes CPU tensors, got one on {tensors[0].device}")
+        if self.size() < 2:
+            raise ValueError("recv from any source on 'ud': a group of one rank has no other rank to receive from")
+        return self._channels.recv_anysource(tensors[0], tag, self.size())
 
     def _message_tensor(self, what, tensors, peer):
         if len(tensors) != 1:

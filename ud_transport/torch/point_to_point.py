@@ -11,8 +11,23 @@ matches messages by tag, as Gloo does; on one channel messages are received in
 the order they were sent. A channel is opened by its first message, on its
 own thread (its rendezvous waits for the other rank, which a caller of isend
 must not), and lives as long as the group.
+
+A receive from any source (``dist.recv(t)`` without ``src``) cannot name its
+channel, and a channel's message moves only when both ends call it. So every
+send is also counted in the store, off the sender's path (a thread of the
+group's): a counter per (sender, receiver, tag) of the messages sent, and a
+doorbell per (receiver, tag) set after each count. A receive claims its
+sender's next message when it is posted (a receive that names its source at
+once, as Gloo's does); one from any source, when the counts show a sender with
+a message no receive has claimed (looked up again each time the doorbell
+rings, taken round-robin so that no sender is starved). The claim order is the
+order the receives are queued on each channel, so every message is received
+exactly once and every channel stays in step with its sender. The store holds
+a fixed number of keys (two per channel and tag), however many messages pass.
 """
+import collections
 import datetime
+import logging
 import threading
 import time
 
@@ -21,10 +36,15 @@ import torch.distributed as dist
 from .. import exact
 from ..communicator import Communicator
 from ..errors import TransportError
-from ._worker import SerialWorker
+from ._worker import SerialWorker, Work
+
+log = logging.getLogger("ud_transport")
 
 SENDER, RECEIVER = 0, 1  # the two ranks of a channel
 MEETING_POLL_S = 0.1  # how often a channel waiting for its peer looks whether it was interrupted
+# A receive from any source waits for its doorbell this long at a time: abort() rings the doorbell to
+# end the wait at once, and each wait a TCPStore times out prints two warnings (not every 0.1 s, then).
+ANY_SOURCE_WAIT_S = 5.0
 
 
 def _own_connection(store):
@@ -68,8 +88,10 @@ class Channel:
         self.communicator = None
         self._worker = SerialWorker(name)
 
-    def submit(self, message, tensor):
-        """Queue message(communicator); returns the Work, whose result is [tensor]."""
+    def submit(self, message, tensor, finished=None):
+        """Queue message(communicator); returns the Work, whose result is [tensor]. `finished`,
+        if given, is called on the channel's thread with the message's error or None when it ends
+        (an any-source receive's own Work ends there)."""
         def run():
             if self._failed is not None:  # its rendezvous keys are spent: a second try would read them
                 raise self._failed
@@ -82,7 +104,15 @@ class Channel:
                 if self._interrupted:  # while it met its peer
                     self.communicator.interrupt()
             message(self.communicator)
-        return self._worker.submit(run, [tensor])
+
+        def run_and_report():
+            try:
+                run()
+            except BaseException as error:
+                finished(error)
+                raise
+            finished(None)
+        return self._worker.submit(run if finished is None else run_and_report, [tensor])
 
     def interrupt(self):
         """End the message in progress and every queued one (TransportError), a channel still
@@ -99,6 +129,85 @@ class Channel:
             self.communicator.store = None  # and its connection to the store
 
 
+class SourcedWork(Work):
+    """An any-source receive's Work: `_source_rank()` is the rank whose message it took (in the
+    group; dist.recv maps it to a global rank), -1 until one is chosen or where none was."""
+
+    def __init__(self, result):
+        super().__init__(result)
+        self.source = -1
+
+    def _source_rank(self):
+        return self.source
+
+    source_rank = _source_rank
+
+
+class _Inbox:
+    """This rank's any-source receives under one tag: queued in the order posted, each served
+    on a thread of their own (it waits for a message to be announced, which a caller of irecv
+    must not), with a store connection of their own (its waits would hold up the group's)."""
+
+    def __init__(self, store, tag):
+        self.store = _own_connection(store)
+        self.interrupted = False
+        self.doorbell_deletable = True  # a store without delete_key is polled instead
+        self.next_sender = 0  # where the next look starts: senders are taken round-robin
+        self._worker = SerialWorker(f"ud-p2p-any-{tag}")
+
+    def submit(self, run):
+        return self._worker.submit(run, None)
+
+    def close(self):
+        self._worker.close()
+        self.store = None
+
+
+class _Announcer:
+    """Counts this rank's sends in the store (see the module's docstring), on a thread of its own
+    so that no message waits for the store: what piled up while the thread was in the store goes
+    in one addition per (receiver, tag). Cheaper than a SerialWorker: no Work per message."""
+
+    def __init__(self, store, rank, sent_key, doorbell_key):
+        self._store = _own_connection(store)
+        self._rank = rank
+        self._sent_key, self._doorbell_key = sent_key, doorbell_key
+        self._pending = collections.Counter()  # (receiver, tag) -> sends not yet counted
+        self._condition = threading.Condition()
+        self._closing = self._dropping = False
+        self._thread = threading.Thread(target=self._loop, name="ud-p2p-announce", daemon=True)
+        self._thread.start()
+
+    def count(self, destination, tag):
+        with self._condition:
+            self._pending[(destination, tag)] += 1
+            self._condition.notify()
+
+    def _loop(self):
+        while True:
+            with self._condition:
+                while not self._pending and not self._closing:
+                    self._condition.wait()
+                if self._dropping or not self._pending:
+                    return
+                batch, self._pending = self._pending, collections.Counter()
+            for (destination, tag), count in batch.items():
+                try:  # the count first, then the doorbell: a receive that wakes on it reads the count
+                    self._store.add(self._sent_key(self._rank, destination, tag), count)
+                    self._store.set(self._doorbell_key(destination, tag), "1")
+                except Exception as error:  # the message itself is unaffected; a receive naming its sender gets it
+                    log.warning("rank %d: could not count a message to rank %d (tag %d) in the store: %s; a "
+                                "receive from any source there will not see it", self._rank, destination, tag, error)
+
+    def close(self, drop=False):
+        """Count what is pending, then stop; `drop` (abort): stop now."""
+        with self._condition:
+            self._closing, self._dropping = True, drop
+            self._condition.notify()
+        self._thread.join()
+        self._store = None
+
+
 class Channels:
     """A group's channels, opened as its messages need them.
 
@@ -111,7 +220,8 @@ class Channels:
     transport : str
     options : ud_transport.Options
         The group's communicator options (loss injection included); a receive waits for its
-        sender's first message up to join_timeout_s, as a collective waits for a late rank.
+        sender's first message up to join_timeout_s, as a collective waits for a late rank (a
+        receive from any source, for any sender's message, as long).
     deadline : float or None
         Each message's deadline, as the group's collectives.
     incarnation : int
@@ -128,39 +238,127 @@ class Channels:
         self._deadline = deadline
         self._channels = {}
         self._lock = threading.Lock()  # isend may be called from several threads
-        self._closed = False
+        self._closed = False  # to the caller: no new message
+        self._inboxes_closed = False  # within: no any-source receive left to take a message
+        self._claimed = collections.Counter()  # (sender, tag) -> this rank's receives of its messages so far
+        self._inboxes = {}  # tag -> _Inbox
+        self._announcer = None  # counts this rank's sends in the store (opened by the first)
         self.calls = 0  # the broadcasts the messages took (more than one where one was repaired or repeated)
         self.injected_drops = 0  # what Options.inject dropped of them, on this rank
 
     def send(self, tensor, destination, tag):
         """Queue tensor's bytes to `destination`; the Work completes when it holds them."""
-        return self._message(tensor, (self._rank, destination, tag))
+        with self._lock:
+            work = self._message_locked(tensor, (self._rank, destination, tag))
+            # counted in the store after it is queued (the count is all a receive from any source reads)
+            if self._announcer is None:
+                self._announcer = _Announcer(self._store, self._rank, self._sent_key, self._doorbell_key)
+            self._announcer.count(destination, tag)
+        return work
 
     def recv(self, tensor, source, tag):
         """Queue the receipt of `source`'s next message under `tag` into `tensor` (its bytes, in
-        place; on failure tensor keeps its values)."""
-        return self._message(tensor, (source, self._rank, tag))
+        place; on failure tensor keeps its values). It claims that message now: a receive from
+        any source posted before it takes another."""
+        with self._lock:
+            work = self._message_locked(tensor, (source, self._rank, tag))
+            self._claimed[(source, tag)] += 1  # in the order queued on the channel: the claim is that message
+        return work
 
-    def _message(self, tensor, key):
+    def recv_anysource(self, tensor, tag, world_size):
+        """Queue the receipt of the next message under `tag` from any other rank of the
+        `world_size` into `tensor`: the first message no receive has claimed (any-source receives
+        take them in the order they were posted). The Work's `_source_rank()` names its sender."""
+        work = SourcedWork([tensor])
+        with self._lock:
+            if self._closed:
+                raise TransportError("this 'ud' group is shut down (destroy_process_group): no message goes on it")
+            inbox = self._inboxes.get(tag)
+            if inbox is None:
+                inbox = self._inboxes[tag] = _Inbox(self._store, tag)
+            senders = [r for r in range(world_size) if r != self._rank]
+
+            def take():
+                try:
+                    self._take_any(inbox, tensor, tag, senders, work)
+                except BaseException as error:  # nothing claimed: the Work says why
+                    work._finish(error)
+            inbox.submit(take)
+        return work
+
+    # -- keys of the counts in the store -------------------------------------------------------
+
+    def _sent_key(self, sender, receiver, tag):
+        return f"p2p/{self._incarnation:x}/sent/{sender}-{receiver}/{tag}"
+
+    def _doorbell_key(self, receiver, tag):
+        return f"p2p/{self._incarnation:x}/doorbell/{receiver}/{tag}"
+
+    def _take_any(self, inbox, tensor, tag, senders, work):
+        """Wait until some sender has a message under `tag` that no receive has claimed, claim it
+        for `work` and queue the receipt on its channel (`work` ends with it)."""
+        store, doorbell = inbox.store, self._doorbell_key(self._rank, tag)
+        timeout_s = self._options.join_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if inbox.interrupted:
+                raise TransportError(f"rank {self._rank}: a receive from any source (tag {tag}) was interrupted "
+                                     "while waiting for a message")
+            # the doorbell is taken down before the counts are read: a count after the look rings again
+            if inbox.doorbell_deletable:
+                try:
+                    store.delete_key(doorbell)
+                except (RuntimeError, NotImplementedError):
+                    inbox.doorbell_deletable = False
+            sent = {sender: int(store.add(self._sent_key(sender, self._rank, tag), 0)) for sender in senders}
+            order = senders[inbox.next_sender % len(senders):] + senders[:inbox.next_sender % len(senders)] \
+                if senders else []
+            with self._lock:
+                for sender in order:
+                    if sent[sender] > self._claimed[(sender, tag)]:
+                        work.source = sender  # before the channel can end the Work
+                        try:
+                            self._message_locked(tensor, (sender, self._rank, tag), internal=True,
+                                                 finished=work._finish)
+                        except BaseException:
+                            work.source = -1
+                            raise
+                        self._claimed[(sender, tag)] += 1
+                        inbox.next_sender = senders.index(sender) + 1
+                        return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError(f"rank {self._rank}: no message under tag {tag} came from any rank within "
+                                     f"{timeout_s:.0f} s (a receive from any source)")
+            if inbox.doorbell_deletable:
+                try:
+                    store.wait([doorbell], datetime.timedelta(seconds=min(ANY_SOURCE_WAIT_S, left)))
+                except Exception:  # the store's timeout: look whether it was interrupted, and wait again
+                    pass
+            else:
+                time.sleep(min(MEETING_POLL_S, left))
+
+    def _message_locked(self, tensor, key, internal=False, finished=None):
         """Both ends make the same call: a broadcast from the channel's sender."""
         def move(comm):
             stats = exact.broadcast(comm, tensor, SENDER, deadline=self._deadline)
             with self._lock:
                 self.calls += len(stats)
                 self.injected_drops += sum(s.injected_drops for s in stats)
-        return self._channel(*key).submit(move, tensor)
+        return self._channel_locked(*key, internal=internal).submit(move, tensor, finished)
 
-    def _channel(self, sender, receiver, tag):
+    def _channel_locked(self, sender, receiver, tag, internal=False):
+        """The channel, opened if new. `internal`: for an any-source receive queued before the group
+        was shut down, which may still take a message while the shutdown finishes it."""
         key = (sender, receiver, tag)
-        with self._lock:
-            if self._closed:
-                raise TransportError("this 'ud' group is shut down (destroy_process_group): no message goes on it")
-            channel = self._channels.get(key)
-            if channel is None:
-                channel = self._channels[key] = Channel(f"ud-p2p-{sender}-{receiver}-{tag}",
-                                                        lambda interrupted: self._connect(sender, receiver, tag,
-                                                                                          interrupted))
-            return channel
+        if self._closed and not (internal and not self._inboxes_closed):
+            raise TransportError("this 'ud' group is shut down (destroy_process_group): no message goes on it")
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = Channel(f"ud-p2p-{sender}-{receiver}-{tag}",
+                                                    lambda interrupted: self._connect(sender, receiver, tag,
+                                                                                      interrupted))
+        return channel
 
     def _connect(self, sender, receiver, tag, interrupted):
         name = f"p2p/{self._incarnation:x}/{sender}-{receiver}/{tag}"
@@ -173,9 +371,26 @@ class Channels:
         """Finish what is queued on every channel, then close them; `interrupt`: end it instead."""
         with self._lock:
             self._closed = True
+            inboxes = dict(self._inboxes)
             channels = list(self._channels.values())
+        if interrupt:
+            for tag, inbox in inboxes.items():
+                inbox.interrupted = True
+                try:  # wakes its wait (on a connection of the group's: the inbox's own is in the wait)
+                    self._store.set(self._doorbell_key(self._rank, tag), "1")
+                except Exception as error:  # the store is gone: the wait ends within ANY_SOURCE_WAIT_S
+                    log.debug("rank %d: could not ring the doorbell of tag %d: %s", self._rank, tag, error)
+            for channel in channels:
+                channel.interrupt()
+        for inbox in inboxes.values():  # any-source receives queued still take their message (shutdown) or end
+            inbox.close()
+        with self._lock:
+            self._inboxes_closed = True
+            channels = list(self._channels.values())  # with those the inboxes opened
         for channel in channels:
             if interrupt:
                 channel.interrupt()
         for channel in channels:
             channel.close()
+        if self._announcer is not None:
+            self._announcer.close(drop=interrupt)
