@@ -14,6 +14,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+import support
 import ud_transport
 from ud_transport import options as options_module, rendezvous
 from ud_transport.communicator import Communicator
@@ -198,7 +199,7 @@ def test_an_attempt_killed_part_way_is_not_met(rank_0_alone_first):
     shared = store()
     first = together(lambda: session_of(0, shared, "crash"), lambda: session_of(1, shared, "crash"))
     assert first[0] == first[1], first
-    dying = subprocess.Popen([sys.executable, "-c", DIES_PART_WAY, str(shared.port)])
+    dying = subprocess.Popen([sys.executable, "-c", DIES_PART_WAY, str(shared.port)], env=support.child_environment())
     try:
         shared.wait(["ud_transport/crash/1/identity/1"], datetime.timedelta(seconds=60))
     finally:
