@@ -93,8 +93,8 @@ class AnsweringStore:
             return f"{self.session:016x}".encode()
         if key.endswith("/address/0"):
             return self.rank0_address
-        if key.endswith("/identity/0") or key.endswith("/cores/0"):  # the pyverbs peer speaks this
-            return self.values.get(key[:-1] + "1")  # library's wire format, in our job, on our machine
+        if key.endswith(("/identity/0", "/cores/0", "/ready/0")):  # the pyverbs peer speaks this library's wire
+            return self.values.get(key[:-1] + "1")  # format, in our job, on our machine, and met us when we did
         return self.values.get(key)
 
     def check(self, keys):

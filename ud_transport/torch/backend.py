@@ -102,15 +102,6 @@ class BackendOptions:
         return cls(**values).validate()
 
 
-def _unsupported(name):
-    def method(self, *args, **kwargs):
-        """Not implemented by the "ud" backend: raises NotImplementedError naming itself."""
-        raise NotImplementedError(f"the 'ud' backend does not implement {name}: a receive names its source "
-                                  "(dist.recv(tensor, src=...)), as on NCCL")
-    method.__name__ = name
-    return method
-
-
 class ProcessGroupUD(dist.ProcessGroup):
     """The c10d process group of backend "ud": made by ``dist.init_process_group("ud")`` or
     ``dist.new_group(backend="ud")``, not by hand.
@@ -122,8 +113,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     (``ud_transport.torch.composite``: every rank receives the bytes of a gather or all-to-all, not
     only their addressee). Collectives run in issue order on a worker thread; ``Work.wait()``
     raises a collective's error. send and recv are exact too, each (sender, receiver, tag) on a
-    channel of its own (``ud_transport.torch.point_to_point``); a receive from any source raises
-    NotImplementedError.
+    channel of its own (``ud_transport.torch.point_to_point``); a receive from any source takes the
+    oldest message no receive has claimed (``recv_anysource``; ``work._source_rank()`` names it).
 
     Parameters
     ----------
