@@ -697,6 +697,8 @@ static int on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_
             return 0;
         }
         udt_hear(c, comm, peer, now);
+        if (h->layout_tag != c->layout_tag && c->mismatched_rank < 0)
+            c->mismatched_rank = (int32_t)peer; /* it called something else: the data phase ends (see udt_call_progress) */
         if (h->credit > p->reported_sent) {
             p->reported_sent = h->credit;
             p->reported_at_ns = now;
@@ -1597,9 +1599,11 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
     int progressed = 0, rc;
     notice_bounces(c, comm, now);
     if (c->phase == PHASE_DATA) {
-        /* a closed port sends nothing more, and a call a peer's verdict has failed needs nothing
-         * more: the verdict round then settles the cause */
-        if (now >= c->deadline_ns || c->ports_closed || c->doomed) {
+        /* a closed port sends nothing more, and a call that will fail needs nothing more (a
+         * peer's verdict carries a cause, or a peer called with another layout: its data and ours
+         * do not fit, as its JOIN or data showed): the verdict round then settles the cause, which
+         * the layout tags every verdict carries name alike everywhere */
+        if (now >= c->deadline_ns || c->ports_closed || c->doomed || c->mismatched_rank >= 0) {
             /* whatever has not arrived is lost; close the rest in order so
              * the owned block is still rescaled; abandon unsent data */
             c->stats->deadline_expired = now >= c->deadline_ns;

@@ -39,3 +39,17 @@ def exact_allreduce_cut_short(comm, count, victim, how, deadline):
     except ud_transport.TransportError as error:
         return (type(error).__name__, getattr(error, "rank", None), bool(torch.equal(tensor, original)),
                 time.monotonic() - start, str(error))
+
+
+def allreduce_of_another_size(comm, deadline):
+    """A lossy allreduce whose element count differs on rank 0 (4096 there, 8192 elsewhere): both
+    move data, so the layouts differ in JOIN and data alike. (error class, blamed rank, seconds)."""
+    import numpy as np
+
+    tensor = np.ones(4096 if comm.rank == 0 else 8192, dtype=np.float32)
+    start = time.monotonic()
+    try:
+        comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+        return "OK", None, time.monotonic() - start
+    except ud_transport.TransportError as error:
+        return type(error).__name__, getattr(error, "rank", None), time.monotonic() - start

@@ -40,3 +40,15 @@ def test_an_exact_allreduce_cut_short_in_its_repair_fails_alike_and_keeps_every_
         name, _, unchanged, _, message = by_rank[VICTIM]
         assert name == "TransportError" and "interrupted" in message, by_rank[VICTIM]
         assert unchanged, "the interrupted rank's tensor changed"
+
+
+def test_calls_of_another_layout_end_at_once_not_at_the_deadline():
+    """Ranks that called with another layout see it in each other's JOIN and data: before, each
+    waited out the data deadline (its datagrams dropped as mismatched, the layouts compared only
+    in the verdict round); now the data phase ends as soon as one is seen. 3 ranks, rank 0 with
+    half the elements, a 30 s deadline: LayoutMismatch naming rank 0 on every rank, long before it."""
+    with LocalCluster(3, chunk_bytes=1024, join_timeout_s=60.0) as cluster:
+        outcomes = cluster.run(exact_fault_tasks.allreduce_of_another_size, 30.0, timeout_s=120)
+    for rank, (name, blamed, elapsed) in enumerate(outcomes):
+        assert (name, blamed) == ("LayoutMismatch", 0), (rank, name, blamed)
+        assert elapsed < 10.0, f"rank {rank} waited {elapsed:.1f} s of the 30 s deadline"
