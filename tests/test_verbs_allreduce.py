@@ -23,7 +23,7 @@ TRIALS = 60
 
 @pytest.mark.rig
 def test_allreduce_in_the_softroce_guest():
-    rig_session.single_guest_run().check_file("guest_allreduce.py", minimum_tests=13)
+    rig_session.single_guest_run().check_file("guest_allreduce.py", minimum_tests=14)
 
 
 @pytest.mark.rig

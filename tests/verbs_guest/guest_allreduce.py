@@ -5,7 +5,7 @@ processes with the production Communicator on transport="verbs" (see ranks.py fo
 LocalCluster). Exact at zero loss for world sizes 2, 3 and 4; a large call delivers 100%
 (the receive queue covers the window); "auto" picks verbs; device and GID options are honored;
 a soak under injected loss leaves no QP, CQ, MR, PD or descriptor behind; all_to_all exact at zero
-loss and stale-retaining under injected loss.
+loss and stale-retaining under injected loss; a rank killed mid-call is named alike by the survivors.
 """
 import json
 import os
@@ -84,6 +84,40 @@ def test_large_allreduce_at_full_mtu_delivers_everything():
     for rank, (fractions, lost, exact, chunk_bytes) in enumerate(results):
         assert chunk_bytes == 4096 - native.HEADER_BYTES - (4096 - native.HEADER_BYTES) % 8, chunk_bytes
         assert fractions == [1.0] * 3 and lost == 0 and exact, (rank, fractions, lost)
+
+
+def allreduce_with_a_death(comm, victim, count, die_after_s, deadline):
+    """Every rank allreduces; `victim` SIGKILLs itself `die_after_s` into the call, its QP
+    destroyed with its process (UD sends to it then vanish without an error). The others return
+    (error class, blamed rank, tensor unchanged?, seconds)."""
+    import signal
+    import threading
+    import time
+
+    tensor = np.full(count, comm.rank + 1.0, dtype=np.float32)
+    if comm.rank == victim:
+        threading.Timer(die_after_s, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = time.monotonic()
+    try:
+        comm.allreduce(tensor, loss_budget=0.0, deadline=deadline)
+        error = None
+    except ud_transport.TransportError as caught:
+        error = caught
+    return (type(error).__name__ if error else "OK", getattr(error, "rank", None),
+            bool(np.all(tensor == comm.rank + 1.0)), time.monotonic() - start)
+
+
+def test_a_rank_whose_qp_dies_mid_call_is_named_alike_by_the_survivors():
+    """Issue 38's verbs case: 3 ranks, rank 2 killed 0.3 s into a 4 MiB allreduce. Verbs has no
+    ICMP: the survivors learn it from its silence, both raise PeerTimeout naming rank 2 within
+    the deadline and its slack, tensors unchanged."""
+    deadline = 8.0
+    results = run_ranks(range(3), 3, store_directory(), allreduce_with_a_death, 2, 1 << 20, 0.3, deadline,
+                        transport="verbs", dying=(2,), **RIG_TIMING)
+    for rank, (name, blamed, unchanged, elapsed) in enumerate(results[:2]):
+        assert (name, blamed) == ("PeerTimeout", 2), (rank, name, blamed)
+        assert unchanged, f"rank {rank}: tensor changed on error"
+        assert elapsed < deadline + 0.3 + 3.0, f"rank {rank} took {elapsed:.1f} s"
 
 
 def describe(comm):

@@ -80,9 +80,11 @@ def _rank_main(rank, world_size, store_directory, init_options, function, argume
         connection.close()
 
 
-def run_ranks(ranks, world_size, store_directory, function, *arguments, timeout_s=600, **init_options):
+def run_ranks(ranks, world_size, store_directory, function, *arguments, timeout_s=600, dying=(), **init_options):
     """Run function(comm, *arguments) on `ranks` (of world_size), each a forked process with
-    its own Communicator; returns their results in order, or raises with every rank's error."""
+    its own Communicator; returns their results in order, or raises with every rank's error.
+    `dying`: ranks that are meant to kill themselves; their result is None, and one that lives
+    to send a result is an error."""
     context = multiprocessing.get_context("fork")
     children = []
     for rank in ranks:
@@ -98,8 +100,12 @@ def run_ranks(ranks, world_size, store_directory, function, *arguments, timeout_
         if connection.poll(max(deadline - time.monotonic(), 0)):
             try:
                 status, value = connection.recv()
+                if rank in dying:
+                    status, value = "error", f"rank {rank}: meant to die, it sent {status}: {value}"
             except EOFError:
-                status, value = "error", f"rank {rank}: exited with status {process.exitcode} without a result"
+                process.join(5)
+                status, value = ("ok", None) if rank in dying and process.exitcode == -9 else \
+                    ("error", f"rank {rank}: exited with status {process.exitcode} without a result")
         else:
             status, value = "error", f"rank {rank}: no result within {timeout_s} s"
         (results if status == "ok" else errors).append(value)
