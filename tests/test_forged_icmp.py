@@ -142,3 +142,22 @@ def test_an_icmp_storm_of_every_kind_fails_nothing_at_one_percent_loss():
         for index in range(0, len(per_rank[0]), 2):  # the exact calls
             assert len({outcomes[index][2] for outcomes in per_rank}) == 1, f"{label}: exact call {index // 2} differs"
     print(f"storm: {sent} forged ICMP in {stormy_seconds:.1f} s; the loop took {quiet_seconds:.1f} s quiet")
+
+
+def test_ddp_over_the_backend_trains_through_an_icmp_storm():
+    """The issue's training loop: 4 ranks, DDP on a "ud" group for 30 steps, each rank forging ICMP
+    errors of every type and code against its own group socket (2,500 a second a rank: 10,000 in
+    all) about datagrams to each peer. Every step succeeds on every rank, the parameters are equal
+    bit for bit across ranks (no loss injected: every gradient sum is whole), and every rank read
+    and dropped forged port unreachable messages."""
+    if not icmp_forge.raw_socket_available():
+        skip_or_fail("forging ICMP needs a raw socket (root)")
+    import torch
+    import torch_tasks
+
+    with LocalCluster(4, chunk_bytes=1024) as cluster:
+        results = cluster.run(torch_tasks.ddp_under_icmp_storm, "ddp", 30, 2500, 0.0, timeout_s=600)
+    for rank, (errors, parameters, sent, counted) in enumerate(results):
+        assert not errors, f"rank {rank}: {errors[:3]}"
+        assert torch.equal(parameters, results[0][1]), f"rank {rank}: parameters differ from rank 0's"
+        assert sent > 0 and counted["icmp_unverified"] > 0, f"rank {rank}: {sent} sent, {counted}"

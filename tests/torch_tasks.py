@@ -6,6 +6,7 @@ is off the CPU for a second on a loaded 2-core machine, which is not what
 these tests are about."""
 import contextlib
 import os
+import time
 
 import numpy as np
 import torch
@@ -918,9 +919,9 @@ def calls_that_differ(comm, tag):
     out = {"after": []}
     with gloo_world(comm, f"differ-{tag}"):
         # lossy=(): every collective exact, as the issue's; a short join timeout makes a call the
-        # others never pair with fail the test in seconds, not the group's 30 minutes. Two data
-        # calls of different layouts end at the data deadline (their datagrams are dropped as
-        # foreign), one of no elements at once: a short deadline keeps the test short
+        # others never pair with fail the test in seconds, not the group's 30 minutes. Calls of
+        # different layouts end at once (a peer's JOIN or data of another layout ends the data
+        # phase); the short deadline bounds what a regression would cost
         group = dist.new_group(backend="ud", timeout=datetime.timedelta(seconds=60), pg_options=udt.BackendOptions(
             lossy=(), deadline=DIFFER_DEADLINE_S, communicator={"join_timeout_s": 10.0}))
         ints = torch.int32
@@ -1017,3 +1018,56 @@ def all_gather_coalesced_against_gloo(comm, tag):
                 dist.all_gather_coalesced(outputs, inputs, group=group)
             out[backend] = [[t.tolist() for t in row] for row in outputs]
     return out
+
+
+def ddp_under_icmp_storm(comm, tag, steps, rate_per_rank, loss):
+    """DDP on a "ud" group for `steps` steps at `loss` injected loss, while this rank forges ICMP
+    errors of every type and code at `rate_per_rank` a second against its own group socket,
+    quoting datagrams to each peer (a stranger's session id). Returns (the step errors, the flat
+    parameters, forged ICMP sent, what the group's sockets counted)."""
+    import threading
+
+    import icmp_forge
+
+    with gloo_world(comm, f"storm-{tag}"):
+        inject = ud_transport.Bernoulli(loss, seed=17 + comm.rank) if loss else None
+        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(communicator={"inject": inject}))
+        backend = group  # the ProcessGroupUD itself
+        addresses = [None] * comm.world_size
+        dist.all_gather_object(addresses, backend.communicator.address)
+        me = icmp_forge.endpoint(addresses[comm.rank])
+        targets = [(me, icmp_forge.endpoint(addresses[p]), comm.rank) for p in range(comm.world_size) if p != comm.rank]
+        stop, sent = threading.Event(), [0]
+
+        def storm():
+            forgers = [icmp_forge.Forger(victim, peer, backend.communicator.session_id ^ 0x5A5A, sender)
+                       for victim, peer, sender in targets]
+            start = time.monotonic()
+            while not stop.is_set():
+                for _ in range(25):
+                    forgers[sent[0] % len(forgers)].send(*icmp_forge.ALL_ERRORS[sent[0] % len(icmp_forge.ALL_ERRORS)])
+                    sent[0] += 1
+                ahead = sent[0] / rate_per_rank - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+        model = small_model(seed=comm.rank)
+        ddp = DDP(model, process_group=group)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+        errors = []
+        storming = threading.Thread(target=storm, daemon=True)
+        storming.start()
+        try:
+            for x, y in batches(comm.rank, steps):
+                try:
+                    torch.nn.functional.mse_loss(ddp(x), y).backward()
+                    optimizer.step()
+                except Exception as error:  # a step that fails is what the test counts
+                    errors.append(f"{type(error).__name__}: {error}")
+                optimizer.zero_grad()
+        finally:
+            stop.set()
+            storming.join(10)
+        counted = backend.communicator.udp_counters()
+        dist.destroy_process_group(group)
+        return errors, flat_parameters(model), sent[0], counted
