@@ -12,12 +12,13 @@ WORLD, VICTIM = 3, 2
 COUNT = 1 << 18   # int32: 1 MiB a rank, 1024 chunks at chunk_bytes 1024, so an incomplete call is repaired
 DEADLINE = 2.0    # per engine call
 LOSS = 0.05       # injected: the first call of the exact all-gather comes back incomplete
+JOIN_TIMEOUT = 5.0
 
 
 @pytest.mark.parametrize("how", ["kill", "interrupt"])
 def test_an_exact_allreduce_cut_short_in_its_repair_fails_alike_and_keeps_every_tensor(how):
     survivors = [rank for rank in range(WORLD) if rank != VICTIM]
-    with LocalCluster(WORLD, chunk_bytes=1024, join_timeout_s=30.0,
+    with LocalCluster(WORLD, chunk_bytes=1024, join_timeout_s=JOIN_TIMEOUT,
                       inject=ud_transport.Bernoulli(LOSS, seed=21)) as cluster:
         ranks = survivors if how == "kill" else list(range(WORLD))
         if how == "kill":
@@ -33,9 +34,9 @@ def test_an_exact_allreduce_cut_short_in_its_repair_fails_alike_and_keeps_every_
         name, blamed, unchanged, elapsed, message = by_rank[rank]
         assert (name, blamed) == ("PeerTimeout", VICTIM), f"rank {rank}: {by_rank[rank]}"
         assert unchanged, f"rank {rank}: tensor changed on error"
-        # the repair started within the first call; one engine call is cut (deadline + its slack) and
-        # the exact layer makes no further one
-        assert elapsed < 3 * (DEADLINE + 1.0), f"rank {rank} took {elapsed:.1f} s"
+        # the first call, then the engine call the victim left (deadline and its slack) or the one it
+        # never came to (the join timeout: an interrupted rank is one that does not come)
+        assert elapsed < JOIN_TIMEOUT + 2 * (DEADLINE + 1.0), f"rank {rank} took {elapsed:.1f} s"
     if how == "interrupt":
         name, _, unchanged, _, message = by_rank[VICTIM]
         assert name == "TransportError" and "interrupted" in message, by_rank[VICTIM]
