@@ -371,11 +371,16 @@ def summarize(names, excluded, by_backend, gates_rerun, world_size, out_dir, met
         counts = {}
         for row in rows:
             counts[row[column]] = counts.get(row[column], 0) + 1
-        lines.append(f"- {column}: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts))
+        spent = sum((by_backend[column].get(name) or {}).get("seconds") or 0 for name in names)
+        lines.append(f"- {column}: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if o in counts)
+                     + f" ({spent / 60:.0f} min of test time)")
     if gloo is not None and ud is not None:
-        lines.append(f"- Gloo passes, ud does not: {len(gaps)}"
-                     + (f" ({sum(1 for g in gaps if g['ud_gloo_gates'] == 'passed')} of them pass on ud "
-                        "under Gloo's gates)" if with_gates else ""))
+        skipped = [g for g in gaps if g["ud"] == "skipped"]
+        lines.append(f"- Gloo passes, ud does not: {len(gaps)} ({len(gaps) - len(skipped)} ran on ud and did not "
+                     f"pass, {len(skipped)} skipped on ud by the suite"
+                     + (f"; of those, {sum(1 for g in skipped if g['ud_gloo_gates'] == 'passed')} pass on ud under "
+                        f"Gloo's gates, {sum(1 for g in skipped if g['ud_gloo_gates'] not in (None, 'passed'))} "
+                        "do not" if with_gates else "") + ")")
     if excluded:
         lines.append(f"- excluded: {len(excluded)}")
     lines.append("")
@@ -457,8 +462,8 @@ def main(argv=None):
                                       resume=args.resume, init_method=args.init_method)
     import torch
     meta = (f"torch {torch.__version__}, ud_transport at {_commit()}, INIT_METHOD {args.init_method}://, "
-            f"{len(selected)} tests "
-            f"({len(excluded)} excluded), {round(time.monotonic() - started)} s, {time.strftime('%Y-%m-%d')}")
+            f"{len(selected)} tests ({len(excluded)} excluded), {time.strftime('%Y-%m-%d')}, "
+            f"{round(time.monotonic() - started)} s in this invocation" + (" (--resume)" if args.resume else ""))
     rows, gaps = summarize(selected, excluded, by_backend, gates_rerun, args.world_size, out_dir, meta)
     with open(os.path.join(out_dir, "summary.md")) as f:
         head = [line for line in f.read().splitlines() if line.startswith("- ")]
