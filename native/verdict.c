@@ -353,7 +353,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
             udt_error_check(&comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
                      blamed, c->args.deadline_s);
         else
-            udt_error_check(&comm->error, "rank %u did not join the call within the %.1f s join timeout", blamed,
+            udt_error_check(&comm->error, "rank %u did not join the call: timed out waiting for it (join timeout %.1f s)", blamed,
                      comm->options.join_timeout_ms * 1e-3);
         c->status = UDT_ERR_PEER_TIMEOUT;
     } else if (severity == CAUSE_LAYOUT) {
