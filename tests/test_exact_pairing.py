@@ -59,3 +59,15 @@ def test_all_gather_coalesced_is_in_c10d_layout_as_on_gloo():
     for rank, out in enumerate(per_rank):
         assert out["gloo"] == expected, (rank, out["gloo"])
         assert out["ud"] == out["gloo"], (rank, out)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_allreduce_sums_as_gloo_does(world):
+    """A sparse allreduce (torch's test_sparse_all_reduce_sum needs it; before, 'ud' failed on the
+    tensor's nbytes): entry counts that differ by rank and duplicate indices, summed exactly, equal
+    to Gloo's result on every rank."""
+    import torch
+
+    for rank, (ud, gloo) in enumerate(get_cluster(world, chunk_bytes=256).run(torch_tasks.sparse_allreduce_against_gloo,
+                                                                             f"s{next(_tags)}")):
+        assert torch.equal(ud, gloo), (rank, ud, gloo)

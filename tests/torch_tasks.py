@@ -1071,3 +1071,20 @@ def ddp_under_icmp_storm(comm, tag, steps, rate_per_rank, loss):
         counted = backend.communicator.udp_counters()
         dist.destroy_process_group(group)
         return errors, flat_parameters(model), sent[0], counted
+
+
+def sparse_allreduce_against_gloo(comm, tag):
+    """A sparse COO allreduce (SUM) on a "ud" group and on Gloo: each rank holds entries at rows
+    of its own and rows shared with the others, a different count on each rank, duplicates
+    uncoalesced. Returns (ud's result dense, Gloo's result dense)."""
+    r, n = comm.rank, comm.world_size
+    rows = torch.tensor([[r, (r + 1) % n, n, n] + list(range(r))])
+    values = torch.arange(rows.shape[1] * 3, dtype=torch.float32).reshape(-1, 3) + 10 * r
+    results = []
+    with gloo_world(comm, f"sparse-{tag}"):
+        ud_group = dist.new_group(backend="ud")
+        for group in (ud_group, None):
+            tensor = torch.sparse_coo_tensor(rows, values, (n + 1, 3))
+            dist.all_reduce(tensor, group=group)
+            results.append(tensor.to_dense())
+    return results

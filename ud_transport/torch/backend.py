@@ -300,10 +300,26 @@ class ProcessGroupUD(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, op)
 
         def run():
             for index, tensor in enumerate(tensors):
                 self._allreduce_one(tensor, op, _claim("allreduce", index, tensors, typed=True))
+        return self._submit(run, tensors)
+
+    def _sparse_allreduce(self, tensors, op):
+        """Sparse COO tensors (SUM, as Gloo), exact: composite.sparse_allreduce, one after another."""
+        with self._refusing():
+            if op != dist.ReduceOp.SUM or not all(t.is_sparse for t in tensors):
+                raise ValueError("a sparse allreduce on 'ud' takes sparse COO tensors only, and ReduceOp.SUM, "
+                                 f"got {op} over {[t.layout for t in tensors]}")
+
+        def run():
+            for index, tensor in enumerate(tensors):
+                self.exact_calls += 1
+                composite.sparse_allreduce(self.communicator, tensor, self.config.deadline,
+                                           ("sparse allreduce", index, len(tensors)))
         return self._submit(run, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):

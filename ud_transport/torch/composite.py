@@ -26,6 +26,34 @@ def reduce(comm, tensor, op, root, deadline, collective="reduce"):
         tensor.copy_(work)
 
 
+def sparse_allreduce(comm, tensor, deadline, collective):
+    """A sparse COO tensor becomes the sum of every rank's, as Gloo's sparse allreduce: every rank's
+    entry count, then its indices and values (padded to the largest count) are all-gathered
+    exactly, concatenated in rank order and coalesced, so every rank sums the same entries in the
+    same order (bitwise the same result everywhere). `collective` (with the shape and dtype) is
+    checked across ranks; a dense tensor elsewhere is LayoutMismatch."""
+    claim = (collective, tuple(tensor.shape), str(tensor.dtype), tensor.sparse_dim())
+    mine = tensor.coalesce()
+    indices, values = mine.indices().contiguous(), mine.values().contiguous()
+    n = comm.world_size
+    counts = torch.empty(n, dtype=torch.int64)
+    exact.all_gather(comm, torch.tensor([indices.shape[1]], dtype=torch.int64), counts, deadline=deadline,
+                     collective=("sparse entries",) + claim)
+    most = int(counts.max())
+    padded_indices = torch.zeros((indices.shape[0], most), dtype=torch.int64)
+    padded_indices[:, :indices.shape[1]] = indices
+    padded_values = torch.zeros((most,) + tuple(values.shape[1:]), dtype=values.dtype)
+    padded_values[:values.shape[0]] = values
+    all_indices = torch.empty((n,) + tuple(padded_indices.shape), dtype=torch.int64)
+    all_values = torch.empty((n,) + tuple(padded_values.shape), dtype=values.dtype)
+    exact.all_gather(comm, padded_indices, all_indices, deadline=deadline, collective=("sparse indices",) + claim)
+    exact.all_gather(comm, padded_values, all_values, deadline=deadline, collective=("sparse values",) + claim)
+    kept = [int(count) for count in counts]
+    summed = torch.sparse_coo_tensor(torch.cat([all_indices[r][:, :kept[r]] for r in range(n)], dim=1),
+                                     torch.cat([all_values[r][:kept[r]] for r in range(n)]), tensor.shape).coalesce()
+    tensor.copy_(summed)
+
+
 def scatter(comm, output, pieces, root, deadline, collective="scatter"):
     """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors).
     `collective` is checked across ranks: a broadcast of as many bytes elsewhere is LayoutMismatch."""
