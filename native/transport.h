@@ -56,7 +56,6 @@ struct udt_peer_ports {
     uint32_t peer_count;
     uint32_t quote_offset, quote_bytes; /* 0 bytes: nothing is counted */
     uint8_t quote[UDT_QUOTE_MAX];
-    uint64_t unverified;    /* port unreachable messages whose quote did not carry `quote` (dropped) */
     uint32_t bounces[];     /* per peer */
 };
 

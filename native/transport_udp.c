@@ -251,7 +251,6 @@ static void drain_errors(struct udp_transport *u)
                 continue;
             if (!quote_is_ours(u->ports, payload, (size_t)quoted)) {
                 u->counters.icmp_unverified++;
-                u->ports->unverified++;
                 continue;
             }
             int32_t peer = h.msg_namelen >= sizeof destination ? lookup_peer(u, &destination) : -1;

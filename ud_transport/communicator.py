@@ -671,8 +671,7 @@ class Communicator:
         mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, algorithm_name, count,
                                                      target.dtype_code if target else 0)
         with self._lock:
-            if self._engine is None:
-                raise TransportError("communicator is closed")
+            self._require_open()
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
             stripes = None if direct_output or layout_salt else self._stripes_for(collective, nbytes, mask_address)
@@ -734,8 +733,7 @@ class Communicator:
         1
         """
         with self._lock:
-            if self._engine is None:
-                raise TransportError("communicator is closed")
+            self._require_open()
             return self._engine.sequence
 
     def udp_counters(self):
@@ -761,8 +759,7 @@ class Communicator:
         0
         """
         with self._lock:
-            if self._engine is None:
-                raise TransportError("communicator is closed")
+            self._require_open()
             total = {}
             for engine in self._stripes:
                 for name, value in engine.udp_counters().items():
@@ -770,6 +767,11 @@ class Communicator:
             return total
 
     # -- lifetime ---------------------------------------------------------
+
+    def _require_open(self):
+        """TransportError once close() ran (call it holding the lock)."""
+        if self._engine is None:
+            raise TransportError("communicator is closed")
 
     def interrupt(self):
         """End the call another thread is running on this communicator within 100 ms, and every
