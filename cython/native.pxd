@@ -29,6 +29,7 @@ cdef extern from "transport.h" nogil:
         UDT_UDP_GSO_REFUSED
         UDT_UDP_DROPS_COUNTED
         UDT_UDP_PORTS_WATCHED
+        UDT_UDP_PATH_MTU_IGNORED
 
     # the C struct shares its tag with the function below; Cython needs another name for it
     ctypedef struct udt_udp_counters_struct "struct udt_udp_counters":
@@ -43,6 +44,7 @@ cdef extern from "transport.h" nogil:
         uint64_t icmp_errors
         uint64_t icmp_unverified
         uint64_t send_refused
+        uint64_t icmp_too_big
 
     uint32_t udt_udp_features(const udt_transport *t)
     int udt_udp_disable(udt_transport *t, uint32_t features)

@@ -102,6 +102,7 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
 #define UDT_UDP_GSO_REFUSED 8u      /* the kernel refused a GSO send; GSO is off since (datagrams resent without it) */
 #define UDT_UDP_DROPS_COUNTED 16u   /* SO_RXQ_OVFL took: datagrams dropped at the full socket are counted */
 #define UDT_UDP_PORTS_WATCHED 32u   /* IP_RECVERR took: a peer's closed port is noticed (struct udt_peer_ports) */
+#define UDT_UDP_PATH_MTU_IGNORED 64u /* IP_PMTUDISC_PROBE took: datagrams are sized by the interface, never by an ICMP message */
 uint32_t udt_udp_features(const struct udt_transport *t);
 /* Turn features off (UDT_UDP_GSO, UDT_UDP_GRO) on an open transport, e.g. to
  * measure or test the plain path. Returns 0, or -EINVAL if t is not UDP. */
@@ -128,6 +129,8 @@ struct udt_udp_counters {
     uint64_t icmp_errors;        /* ICMP errors read from the error queue (a closed port is one kind) */
     uint64_t icmp_unverified;    /* of which port unreachable quoting a datagram that was not ours (forged): dropped */
     uint64_t send_refused;       /* messages the network refused (an errno other than a full buffer): skipped as loss */
+    uint64_t icmp_too_big;       /* "fragmentation needed" quoting one of our datagrams: a link on the path is narrower
+                                    than our datagrams, which it drops (lower the mtu option); forged ones are not counted */
 };
 int udt_udp_counters(const struct udt_transport *t, struct udt_udp_counters *out);
 

@@ -247,9 +247,14 @@ static void drain_errors(struct udp_transport *u)
                 continue;
             struct sock_extended_err e;
             memcpy(&e, CMSG_DATA(c), sizeof e);
-            if (e.ee_origin != SO_EE_ORIGIN_ICMP || e.ee_type != ICMP_DEST_UNREACH || e.ee_code != ICMP_PORT_UNREACH || !u->ports)
+            if (e.ee_origin != SO_EE_ORIGIN_ICMP || e.ee_type != ICMP_DEST_UNREACH || !u->ports)
                 continue;
-            if (!quote_is_ours(u->ports, payload, (size_t)quoted)) {
+            int ours = quote_is_ours(u->ports, payload, (size_t)quoted);
+            if (e.ee_code == ICMP_FRAG_NEEDED) /* with IP_PMTUDISC_PROBE only a diagnosis: nothing changes size */
+                u->counters.icmp_too_big += (uint64_t)ours;
+            if (e.ee_code != ICMP_PORT_UNREACH)
+                continue;
+            if (!ours) {
                 u->counters.icmp_unverified++;
                 continue;
             }
@@ -649,6 +654,13 @@ struct udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_
         u->features |= UDT_UDP_GSO;
     if (!env_disabled("UD_UDP_GRO") && set_gro(u, 1))
         u->features |= UDT_UDP_GRO;
+    /* Our datagram size is the interface's (or the mtu option's), never a route's path MTU: one
+     * forged "fragmentation needed" would otherwise shrink it for net.ipv4.route.mtu_expires
+     * (ten minutes), and every larger datagram would be refused or cut into IP fragments, each
+     * lost alike. DF stays set: nothing we send is fragmented on the way either. */
+    int probe = IP_PMTUDISC_PROBE;
+    if (setsockopt(u->fd, SOL_IP, IP_MTU_DISCOVER, &probe, sizeof probe) == 0)
+        u->features |= UDT_UDP_PATH_MTU_IGNORED;
     int on = 1; /* every receive says how many datagrams the kernel dropped for want of buffer */
     if (setsockopt(u->fd, SOL_SOCKET, SO_RXQ_OVFL, &on, sizeof on) == 0)
         u->features |= UDT_UDP_DROPS_COUNTED;

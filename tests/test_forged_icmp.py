@@ -7,6 +7,7 @@ rank 0's call raise "sendmmsg failed: ENONET" while its peers waited out the joi
 
 Needs root (a raw socket); CI runs as root, elsewhere the tests skip."""
 import random
+import subprocess
 
 import icmp_forge
 import icmp_tasks
@@ -18,6 +19,14 @@ from ud_transport.local_cluster import LocalCluster
 
 WORLD, VICTIM, ABSENTEE = 3, 0, 2
 COUNT = 5000  # float32 / int32 elements: many datagrams at chunk_bytes 1024
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_forged_path_mtus():
+    """A forged "fragmentation needed" lowers the kernel's path MTU to loopback for ten minutes
+    (net.ipv4.route.mtu_expires): flush it after these tests, so nothing outlives them."""
+    yield
+    subprocess.run(["ip", "route", "flush", "cache"], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,44 @@ def test_a_port_closed_for_a_moment_fails_one_call_alike_and_the_next_is_ok(clus
     assert f"rank {ABSENTEE} (this rank)" in outcomes[ABSENTEE][2], outcomes[ABSENTEE]
     for index, outcomes in enumerate(zip(*cluster.run(icmp_tasks.sequence_of_calls, COUNT, 0.0, timeout_s=120))):
         _agreed_ok(list(outcomes), f"call {index} after the port reopened")
+
+
+def _fragments_created():
+    """IP fragments this host's stack has made (Ip: FragCreates in /proc/net/snmp)."""
+    with open("/proc/net/snmp") as snmp:
+        names, values = [line.split() for line in snmp if line.startswith("Ip:")][:2]
+    return int(values[names.index("FragCreates")])
+
+
+def test_a_forged_fragmentation_needed_shrinks_no_datagram():
+    """A "fragmentation needed" (next-hop MTU 1400) about a datagram to the peer lowers the
+    kernel's path MTU to loopback for ten minutes whoever sent it. The library sizes its datagrams
+    by the interface (64 KiB here, default options), not by ICMP: a call with budget 0 after it
+    delivers everything and no datagram is cut into IP fragments. Before IP_PMTUDISC_PROBE every
+    larger datagram went out in 1400-byte fragments, lost whole when reassembly ran out of room: in
+    CI, a later test's healthy 64 MiB allreduces on 4 ranks failed at budget 0. Only the
+    packet quoting the session, as a router on the path would send it, counts as `icmp_too_big`."""
+    if not icmp_forge.raw_socket_available():
+        skip_or_fail("forging ICMP needs a raw socket (root)")
+    with LocalCluster(2) as cluster:
+        identities = cluster.run(icmp_tasks.identity)
+        victim, peer = (icmp_forge.endpoint(identities[rank][0]) for rank in (0, 1))
+        session = identities[0][1]
+        before = cluster.run(icmp_tasks.counters)[0]
+        for quoted_session in (session ^ 0x77, session):
+            forger = icmp_forge.Forger(victim, peer, quoted_session, 0)
+            forger.send(3, 4)
+            forger.close()
+        route = subprocess.run(["ip", "route", "get", victim[0]], capture_output=True, text=True).stdout
+        assert "mtu 1400" in route, f"the kernel did not take the forged path MTU: {route!r}"
+        fragments_before = _fragments_created()
+        outcomes = cluster.run(icmp_tasks.lossy_allreduce, 4 << 20, 0.0, timeout_s=120)
+        fragments = _fragments_created() - fragments_before
+        _agreed_ok(outcomes, "a budget-0 allreduce of 16 MiB after a forged fragmentation needed")
+        after = cluster.run(icmp_tasks.counters)[0]
+    assert fragments == 0, f"{fragments} IP fragments made of our datagrams after the forged path MTU"
+    assert after["icmp_too_big"] - before["icmp_too_big"] == 1, (before, after)
+    assert after["send_refused"] == before["send_refused"], (before, after)
 
 
 STORM_RATE = 10_000  # forged ICMP packets a second, spread over every rank

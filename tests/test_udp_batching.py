@@ -18,8 +18,8 @@ import pytest
 import ud_transport
 from conftest import get_cluster, skip_or_fail
 from support import child_environment
-from udp_ctypes import (UDT_UDP_DROPS_COUNTED, UDT_UDP_GRO, UDT_UDP_GSO, UDT_UDP_GSO_REFUSED, UDT_UDP_RCVBUF_FORCED,
-                        Udp, lib)
+from udp_ctypes import (UDT_UDP_DROPS_COUNTED, UDT_UDP_GRO, UDT_UDP_GSO, UDT_UDP_GSO_REFUSED, UDT_UDP_PATH_MTU_IGNORED,
+                        UDT_UDP_RCVBUF_FORCED, Udp, lib)
 
 
 def header(tag, index):
@@ -256,16 +256,14 @@ def test_gso_gro_across_a_veth_link_is_exact(jumbo_pair):
 
 @pytest.mark.netns
 def test_gso_refused_by_the_kernel_falls_back_and_loses_nothing(jumbo_pair):
-    """A route whose MTU is below the interface's: the kernel refuses a GSO segment larger than the
-    path MTU (EINVAL). The transport turns GSO off and sends the datagrams again without it (the
-    kernel then fragments them)."""
+    """A socket whose GSO messages the kernel refuses (EINVAL: here SO_NO_CHECK, as a route
+    through IPsec or, before Linux 6.x, a device without checksum offload refuses them). The
+    transport turns GSO off and sends the datagrams again without it."""
     hosts = jumbo_pair
-    route = ["ip", "-n", hosts.namespaces[0], "route", "replace", f"{hosts.addresses[1]}/32", "dev", "eth0",
-             "mtu", "lock", "1500"]
-    subprocess.run(route, check=True)
     sender = hosts.in_host(0, Udp, hosts.addresses[0])
     receiver = hosts.in_host(1, Udp, hosts.addresses[1])
     try:
+        sender.send_without_checksums()
         require_gso_gro(sender, receiver)
         sender.set_peers(receiver)
         receiver.set_peers(sender)
@@ -278,6 +276,32 @@ def test_gso_refused_by_the_kernel_falls_back_and_loses_nothing(jumbo_pair):
         assert sender.counters["send_gso_messages"] == 0
         sender.send(sent[:3])  # later sends go out plainly at once
         assert [d for _, d in receiver.receive(3)] == [h + p for _, h, p in sent[:3]]
+    finally:
+        sender.close()
+        receiver.close()
+
+
+@pytest.mark.netns
+def test_a_route_mtu_does_not_resize_datagrams(jumbo_pair):
+    """Datagrams are sized by the interface (or the mtu option), never by the route's path MTU,
+    which a forged ICMP "fragmentation needed" can lower for ten minutes (IP_PMTUDISC_PROBE, see
+    SECURITY.md): with the route's MTU locked at 1500 on a 9000-byte link, GSO messages of
+    4000-byte datagrams go out whole, unfragmented (DF set), and arrive whole."""
+    hosts = jumbo_pair
+    route = ["ip", "-n", hosts.namespaces[0], "route", "replace", f"{hosts.addresses[1]}/32", "dev", "eth0",
+             "mtu", "lock", "1500"]
+    subprocess.run(route, check=True)
+    sender = hosts.in_host(0, Udp, hosts.addresses[0])
+    receiver = hosts.in_host(1, Udp, hosts.addresses[1])
+    try:
+        require_gso_gro(sender, receiver)
+        assert sender.features & UDT_UDP_PATH_MTU_IGNORED
+        sender.set_peers(receiver)
+        receiver.set_peers(sender)
+        sent = [(0, *datagram("whole", i, 4000)) for i in range(12)]
+        sender.send(sent)
+        assert [d for _, d in receiver.receive(len(sent))] == [h + p for _, h, p in sent]
+        assert sender.counters["send_gso_messages"] >= 1 and not sender.features & UDT_UDP_GSO_REFUSED
     finally:
         sender.close()
         receiver.close()

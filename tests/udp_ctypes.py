@@ -9,6 +9,7 @@ import ud_transport._native as _native
 
 UDT_UDP_GSO, UDT_UDP_GRO, UDT_UDP_RCVBUF_FORCED, UDT_UDP_GSO_REFUSED, UDT_UDP_DROPS_COUNTED = (
     _native.UDP_GSO, _native.UDP_GRO, _native.UDP_RCVBUF_FORCED, _native.UDP_GSO_REFUSED, _native.UDP_DROPS_COUNTED)
+UDT_UDP_PATH_MTU_IGNORED = _native.UDP_PATH_MTU_IGNORED
 
 
 class SendItem(ctypes.Structure):
@@ -45,7 +46,7 @@ class Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "send_calls", "send_messages", "send_gso_messages", "send_gso_datagrams",
         "recv_calls", "recv_messages", "recv_gro_messages", "recv_gro_datagrams", "icmp_errors",
-        "icmp_unverified", "send_refused")]
+        "icmp_unverified", "send_refused", "icmp_too_big")]
 
 
 lib = ctypes.CDLL(_native.__file__)
@@ -106,6 +107,28 @@ class Udp:
     def quiet(self, seconds=0.05):
         """What arrives in `seconds` more (nothing, if the exchange was exact)."""
         return self.receive(1 << 30, timeout=seconds)
+
+    def send_without_checksums(self):
+        """SO_NO_CHECK on the transport's socket: the kernel then refuses every GSO message
+        (EINVAL), as it does on a route through IPsec or, before Linux 6.x, on a device without
+        checksum offload. Found among this process's descriptors by its bound address."""
+        import os
+        import socket
+
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                probe = socket.socket(fileno=int(name))
+            except OSError:
+                continue
+            try:
+                if probe.family == socket.AF_INET and probe.type == socket.SOCK_DGRAM:
+                    host, port = probe.getsockname()
+                    if socket.inet_aton(host) + port.to_bytes(2, "big") == self.address:
+                        probe.setsockopt(socket.SOL_SOCKET, 11, 1)  # SO_NO_CHECK
+                        return
+            finally:
+                probe.detach()
+        raise AssertionError("the transport's socket is not among this process's descriptors")
 
     @property
     def features(self):

@@ -740,8 +740,10 @@ class Communicator:
         """What this rank's UDP sockets counted since they opened, summed over stripes: system
         calls and GSO/GRO use, and the ICMP errors read (`icmp_errors`), of which
         `icmp_unverified` were port unreachable messages quoting a datagram that did not carry
-        this communicator's session id (forged: dropped, see SECURITY.md), and the messages the
-        network refused and that were skipped as loss (`send_refused`).
+        this communicator's session id (forged: dropped, see SECURITY.md) and `icmp_too_big` were
+        "fragmentation needed" quoting one of ours (a link on the path is narrower than our
+        datagrams and drops them: lower the `mtu` option), and the messages the network refused
+        and that were skipped as loss (`send_refused`).
 
         Returns
         -------
