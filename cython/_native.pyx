@@ -336,11 +336,11 @@ cdef class Engine:
         if udt_comm_set_sequence(self.comm, sequence) != 0:
             raise RuntimeError("cannot set the sequence number during a call")
 
-    def run(self, int collective, int algorithm, uintptr_t input, uintptr_t output, uint64_t count, int dtype, int op,
-            int estimator, uint32_t root, uint32_t agree_value, double loss_budget, double deadline_s,
-            uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1, uint32_t direct_output=0,
-            uint32_t layout_salt=0):
-        """Run one collective. Returns (status, stats dict, NativeError or None when
+    def run(self, *, int collective, int algorithm, double deadline_s, uintptr_t input=0, uintptr_t output=0,
+            uint64_t count=0, int dtype=0, int op=0, int estimator=0, uint32_t root=0, uint32_t agree_value=0,
+            double loss_budget=0.0, uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1,
+            uint32_t direct_output=0, uint32_t layout_salt=0):
+        """Run one collective, its arguments named (struct udt_collective_args). Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
         holds what it held before (an allreduce in place is put back: engine.h), except
@@ -358,7 +358,7 @@ cdef class Engine:
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
 
 
-def run_striped(list engines, int collective, int algorithm, list inputs, list outputs, list counts, list weights,
+def run_striped(list engines, list inputs, list outputs, list counts, list weights, *, int collective, int algorithm,
                 int dtype, int op, int estimator, uint32_t root, double loss_budget, double deadline_s,
                 uint32_t copies=1):
     """Run one collective as len(engines) stripes at once, stripe k being counts[k] elements
@@ -398,6 +398,21 @@ def chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, u
     reached the chunk; direct schedule or two ranks); all_gather, broadcast, allreduce,
     all_to_all, one per chunk of the tensor (the output; 1: fresh)."""
     return udt_chunk_mask_bytes(collective, algorithm, count, dtype, rank, world_size, chunk_bytes)
+
+
+def _facts_of(int collective):
+    cdef const udt_collective_facts_struct *f = udt_collective_facts(collective)
+    return {"name": f.name.decode(), "moves_data": bool(f.moves_data), "reduces": bool(f.reduces),
+            "gathers": bool(f.gathers), "input_is_shard": bool(f.input_is_shard),
+            "output_is_shard": bool(f.output_is_shard), "sends_input": bool(f.sends_input),
+            "holds_own_block": bool(f.holds_own_block), "root_holds_all": bool(f.root_holds_all),
+            "rotates": bool(f.rotates), "may_sum_in_place": bool(f.may_sum_in_place),
+            "equal_blocks": bool(f.equal_blocks), "mask_by_sender": bool(f.mask_by_sender)}
+
+
+# What each collective is (native/schedule.c's one table), by its code: the Python layer reads
+# these, never a copy of them.
+COLLECTIVE_FACTS = {code: _facts_of(code) for code in range(UDT_COLLECTIVE_COUNT)}
 
 
 def wire_element_bytes(int dtype):

@@ -81,6 +81,28 @@ cdef extern from "schedule.h" nogil:
         uint8_t recv_whole
         uint16_t recv_contributions
 
+    enum:
+        UDT_COLLECTIVE_COUNT
+
+    # the C struct shares its tag with the function below; Cython needs another name for it
+    ctypedef struct udt_collective_facts_struct "struct udt_collective_facts":
+        const char *name
+        uint8_t moves_data
+        uint8_t reduces
+        uint8_t gathers
+        uint8_t input_is_shard
+        uint8_t output_is_shard
+        uint8_t sends_input
+        uint8_t holds_own_block
+        uint8_t root_holds_all
+        uint8_t rotates
+        uint8_t may_sum_in_place
+        uint8_t equal_blocks
+        uint8_t mask_by_sender
+        uint8_t output
+
+    const udt_collective_facts_struct *udt_collective_facts(int collective)
+
     struct udt_schedule:
         uint32_t steps
         uint32_t world_size

@@ -98,7 +98,7 @@ static uint64_t chunk_length(const struct call *c, uint32_t block, uint32_t chun
 /* The caller's input for an element: all_gather's input is only our shard. */
 static const uint8_t *input_at(const struct call *c, uint64_t element)
 {
-    uint64_t offset = c->args.collective == UDT_ALL_GATHER ? element - c->block_first[c->rank] : element;
+    uint64_t offset = c->schedule.facts->input_is_shard ? element - c->block_first[c->rank] : element;
     return (const uint8_t *)c->args.input + offset * c->wire_bytes;
 }
 
@@ -130,16 +130,10 @@ static void save_original(struct call *c, uint32_t block, uint32_t chunk)
         memcpy(to, from, bytes);
 }
 
-static int reduces(const struct call *c) { return c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER; }
-static int gathers(const struct call *c) { return c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE; }
-/* all_to_all sends every chunk of its input as it is and receives into its output: what a
- * step sends never depends on what arrived */
-static int sends_input(const struct call *c) { return c->args.collective == UDT_ALL_TO_ALL; }
-/* the output block the caller's input fills before anything arrives (own shard, own piece) */
-static int holds_own_block(const struct call *c)
-{
-    return c->args.collective == UDT_ALL_GATHER || c->args.collective == UDT_ALL_TO_ALL;
-}
+static int reduces(const struct call *c) { return c->schedule.facts->reduces; }
+static int gathers(const struct call *c) { return c->schedule.facts->gathers; }
+/* what a step sends never depends on what arrived */
+static int sends_input(const struct call *c) { return c->schedule.facts->sends_input; }
 
 static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chunk_bytes)
 {
@@ -1010,7 +1004,7 @@ uint64_t udt_fresh_elements(const struct call *c)
         return c->args.count;
     uint64_t fresh = 0;
     for (uint32_t block = 0; block < c->n; block++) {
-        if (holds_own_block(c) && block == c->schedule.owned_block) {
+        if (c->schedule.facts->holds_own_block && block == c->schedule.owned_block) {
             fresh += c->block_first[block + 1] - c->block_first[block];
             continue;
         }
@@ -1053,12 +1047,18 @@ static double delivered_fraction(const struct call *c)
 {
     if (c->args.count == 0)
         return 1.0;
-    if (c->args.collective == UDT_REDUCE_SCATTER) {
+    switch (c->schedule.facts->output) {
+    case UDT_OUTPUT_REDUCED_SHARD: {
         uint64_t length = c->block_first[c->rank + 1] - c->block_first[c->rank];
         return length ? (double)udt_reduce_weighted(c) / ((double)c->n * (double)length) : 1.0;
     }
-    if (c->args.collective != UDT_ALLREDUCE)
+    case UDT_OUTPUT_GATHERED:
         return (double)udt_fresh_elements(c) / (double)c->args.count;
+    case UDT_OUTPUT_REDUCED:
+        break;
+    default:
+        return 1.0;
+    }
     double delivered = 0;
     for (uint32_t block = 0; block < c->n; block++) {
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
@@ -1146,7 +1146,7 @@ static void write_gathered(struct call *c)
     uint8_t *out = c->args.output;
     struct write_run run = {0};
     for (uint32_t block = 0; block < c->n; block++) {
-        int own_input = holds_own_block(c) && block == c->schedule.owned_block;
+        int own_input = c->schedule.facts->holds_own_block && block == c->schedule.owned_block;
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint64_t id = c->chunk_base[block] + chunk;
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
@@ -1172,11 +1172,14 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
     uint64_t chunk_elements = element_bytes ? chunk_bytes / element_bytes : 0;
     if (!chunk_elements || !world_size || rank >= world_size)
         return 0;
-    if (collective == UDT_REDUCE_SCATTER)
+    const struct udt_collective_facts *facts = udt_collective_facts(collective);
+    if (!facts || !facts->moves_data || (facts->equal_blocks && count % world_size))
+        return 0;
+    /* a ring's partial sums mix senders: only a piece that comes alone names its sender */
+    if (facts->mask_by_sender)
         return algorithm == UDT_ALGORITHM_DIRECT || world_size <= 2
                    ? (uint64_t)world_size * udt_chunks_for(udt_block_length(count, world_size, rank), chunk_elements) : 0;
-    if (collective == UDT_ALL_GATHER || collective == UDT_BROADCAST || collective == UDT_ALLREDUCE ||
-        (collective == UDT_ALL_TO_ALL && count % world_size == 0)) {
+    {
         uint64_t total = 0;
         for (uint32_t b = 0; b < world_size; b++)
             total += udt_chunks_for(udt_block_length(count, world_size, b), chunk_elements);
@@ -1190,7 +1193,7 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
 static void write_chunk_mask(struct call *c)
 {
     uint8_t *mask = c->args.chunk_mask;
-    if (c->args.collective != UDT_REDUCE_SCATTER) {
+    if (!c->schedule.facts->mask_by_sender) {
         for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
             mask[id] = c->final_count[id] != 0;
         return;
@@ -1235,11 +1238,11 @@ int udt_write_output(struct call *c)
     if (gathers(c))
         for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
             c->stats->chunks_stale += c->final_count[id] == 0;
-    switch (c->args.collective) {
-    case UDT_ALLREDUCE:
+    switch (c->schedule.facts->output) {
+    case UDT_OUTPUT_REDUCED:
         write_allreduce(c);
         break;
-    case UDT_REDUCE_SCATTER: {
+    case UDT_OUTPUT_REDUCED_SHARD: {
         uint32_t block = c->schedule.owned_block;
         double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
         uint64_t first = c->block_first[block], length = c->block_first[block + 1] - first;
@@ -1247,9 +1250,7 @@ int udt_write_output(struct call *c)
             udt_store(c->args.dtype, c->args.output, c->accum + first * c->accum_bytes, length, mean);
         break;
     }
-    case UDT_ALL_GATHER:
-    case UDT_BROADCAST:
-    case UDT_ALL_TO_ALL:
+    case UDT_OUTPUT_GATHERED:
         write_gathered(c);
         break;
     default:
@@ -1276,9 +1277,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
     uint32_t n = comm->world_size;
     c->wire_bytes = udt_wire_elem_bytes(a->dtype);
     c->accum_bytes = udt_accum_elem_bytes(a->dtype);
-    c->chunk_elements = comm->options.chunk_bytes / c->wire_bytes;
-    if (c->chunk_elements == 0)
-        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "chunk_bytes is smaller than one element");
+    c->chunk_elements = comm->options.chunk_bytes / c->wire_bytes; /* at least 1 (refusal) */
     c->chunk_base = comm->geometry;
     c->block_first = comm->geometry + n + 1;
     uint64_t max_chunks = 0;
@@ -1291,11 +1290,8 @@ static int prepare(struct udt_comm *comm, struct call *c)
         if (chunks > max_chunks)
             max_chunks = chunks;
     }
-    uint32_t rotation = a->collective == UDT_ALLREDUCE ? c->sequence % n : 0;
+    uint32_t rotation = c->schedule.facts->rotates ? c->sequence % n : 0;
     uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, n);
-    uint64_t positions = (uint64_t)(steps + 1) * (max_chunks + 1) + (uint64_t)comm->options.window_bytes;
-    if (positions >= 0xF0000000ull || steps > 0xFFFF)
-        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "too many chunks for one call: raise chunk_bytes");
     c->max_chunks = (uint32_t)max_chunks;
     uint64_t total_chunks = c->chunk_base[n];
 
@@ -1332,7 +1328,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
      * the end: as many bytes copied, fewer cache misses. Only for tensors too large for the
      * cache: below, the saves on the send path cost more than one copy out at the end
      * (2 ranks, loopback, 8 MiB: 11.8 against 8.5 ms; 64 MiB: 55 against 67 ms) */
-    c->in_place = a->collective == UDT_ALLREDUCE && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes &&
+    c->in_place = c->schedule.facts->may_sum_in_place && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes &&
                   a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
     c->stats->in_place = c->in_place;
     c->direct_output = a->direct_output && gathers(c) && !reduces(c) && c->accum_bytes == c->wire_bytes;
@@ -1349,10 +1345,10 @@ static int prepare(struct udt_comm *comm, struct call *c)
     /* what this rank holds fresh before anything arrives: all_gather's own
      * shard, everything at a broadcast's root */
     uint32_t own = c->schedule.owned_block;
-    if (holds_own_block(c))
+    if (c->schedule.facts->holds_own_block)
         for (uint64_t id = c->chunk_base[own]; id < c->chunk_base[own + 1]; id++)
             c->final_count[id] = 1;
-    if (a->collective == UDT_BROADCAST && c->rank == a->root)
+    if (c->schedule.facts->root_holds_all && c->rank == a->root)
         for (uint64_t id = 0; id < total_chunks; id++)
             c->final_count[id] = 1;
 
@@ -1366,39 +1362,65 @@ static int prepare(struct udt_comm *comm, struct call *c)
     return UDT_OK;
 }
 
-static int valid_args(const struct udt_comm *comm, const struct udt_collective_args *a)
+/* Why these arguments cannot make a call (NULL: they can). Every check runs before the call
+ * takes its sequence number, so a refused call changes nothing and says which argument. */
+static const char *refusal(const struct udt_comm *comm, const struct udt_collective_args *a)
 {
-    if (a->collective < 0 || a->collective >= UDT_COLLECTIVE_COUNT || a->algorithm < 0 || a->algorithm >= UDT_ALGORITHM_COUNT)
-        return 0;
-    if (a->dtype < 0 || a->dtype >= UDT_DTYPE_COUNT || (a->op != UDT_OP_SUM && a->op != UDT_OP_MEAN))
-        return 0;
+    const struct udt_collective_facts *facts = udt_collective_facts(a->collective);
+    if (!facts)
+        return "collective: unknown";
+    if (a->algorithm < 0 || a->algorithm >= UDT_ALGORITHM_COUNT)
+        return "algorithm: unknown (ring or direct)";
+    if (a->dtype < 0 || a->dtype >= UDT_DTYPE_COUNT)
+        return "dtype: not one the wire carries";
+    if (a->op != UDT_OP_SUM && a->op != UDT_OP_MEAN)
+        return "op: sum or mean";
     if (a->estimator != UDT_ESTIMATOR_UNBIASED && a->estimator != UDT_ESTIMATOR_ZERO_FILL)
-        return 0;
-    if (!(a->deadline_s > 0) || !(a->deadline_s <= 1e6) || !(a->loss_budget >= 0) || a->root >= comm->world_size)
-        return 0;
+        return "estimator: unbiased or zero_fill";
+    if (!(a->deadline_s > 0) || !(a->deadline_s <= 1e6))
+        return "deadline_s: more than 0 and at most 1e6 seconds";
+    if (!(a->loss_budget >= 0) || !(a->loss_budget <= 1))
+        return "loss_budget: a fraction in [0, 1]";
+    if (a->root >= comm->world_size)
+        return "root: not a rank of this communicator";
+    if (a->copies > UDT_MAX_COPIES)
+        return "copies: more than UDT_MAX_COPIES";
     /* reduce_scatter's output and all_gather's input are this rank's shard, which may be empty */
     uint64_t shard = udt_block_length(a->count, comm->world_size, comm->rank);
-    uint64_t input_count = a->collective == UDT_ALL_GATHER ? shard : a->count;
-    uint64_t output_count = a->collective == UDT_REDUCE_SCATTER ? shard : a->count;
-    if (a->collective != UDT_AGREE && ((input_count && !a->input) || (output_count && !a->output)))
-        return 0;
-    if (a->copies > UDT_MAX_COPIES)
-        return 0;
-    if (a->collective == UDT_ALL_TO_ALL) {
-        /* equal blocks, so that what rank r sends rank q is as long as q's block for it; written
-         * as it arrives, the output must not be the input the later steps still send from */
+    uint64_t input_count = facts->input_is_shard ? shard : a->count;
+    uint64_t output_count = facts->output_is_shard ? shard : a->count;
+    if (facts->moves_data && input_count && !a->input)
+        return "input: missing";
+    if (facts->moves_data && output_count && !a->output)
+        return "output: missing";
+    /* equal blocks, so that what rank r sends rank q is as long as q's block for it */
+    if (facts->equal_blocks && a->count % comm->world_size)
+        return "count: must divide by the world size";
+    if (facts->sends_input && a->direct_output) {
+        /* written as it arrives, the output must not be the input later steps still send from */
         uint64_t bytes = a->count * (uint64_t)udt_wire_elem_bytes(a->dtype);
         const uint8_t *in = a->input, *out = a->output;
-        if (a->count % comm->world_size || (a->direct_output && bytes && in < out + bytes && out < in + bytes))
-            return 0;
+        if (bytes && in < out + bytes && out < in + bytes)
+            return "output: overlaps the input (direct_output)";
     }
+    uint64_t chunk_elements = comm->options.chunk_bytes / udt_wire_elem_bytes(a->dtype);
+    if (!chunk_elements)
+        return "chunk_bytes: smaller than one element";
+    /* positions on the wire are step * chunks + chunk, below 2^32 with room for a window */
+    uint64_t largest_block = (a->count + comm->world_size - 1) / comm->world_size;
+    uint64_t max_chunks = facts->moves_data ? udt_chunks_for(largest_block, chunk_elements) : 0;
+    uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, comm->world_size);
+    if ((uint64_t)(steps + 1) * (max_chunks + 1) + (uint64_t)comm->options.window_bytes >= 0xF0000000ull || steps > 0xFFFF)
+        return "count: too many chunks for one call (raise chunk_bytes)";
     if (a->chunk_mask) {
         uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
                                              comm->options.chunk_bytes);
-        if (!want || a->chunk_mask_bytes != want)
-            return 0;
+        if (!want)
+            return "chunk_mask: none for this collective and algorithm";
+        if (a->chunk_mask_bytes != want)
+            return "chunk_mask_bytes: not what udt_chunk_mask_bytes says";
     }
-    return 1;
+    return NULL;
 }
 
 int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args, struct udt_collective_stats *stats, uint64_t now)
@@ -1410,12 +1432,14 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     stats->delivered_fraction = stats->reduce_fraction = stats->gather_fraction = 1.0;
     stats->own_reduce_fraction = stats->own_gather_fraction = 1.0;
     stats->deadline_s = args->deadline_s;
-    if (!valid_args(comm, args))
-        return fail(comm, UDT_ERR_INVALID_ARGUMENT, "invalid collective arguments");
+    const char *why = refusal(comm, args);
+    if (why)
+        return fail(comm, UDT_ERR_INVALID_ARGUMENT, why);
     struct call *c = &comm->call;
     memset(c, 0, sizeof *c);
     c->args = *args;
-    if (args->collective == UDT_AGREE)
+    c->schedule.facts = udt_collective_facts(args->collective);
+    if (!c->schedule.facts->moves_data)
         c->args.count = 0;
     c->stats = stats;
     comm->sequence++; /* wraps modulo 2^32: every comparison is equality or +1 modulo 2^32 */

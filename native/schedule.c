@@ -144,6 +144,24 @@ static void mark_receive_hazards(struct udt_step *steps, uint32_t count, uint32_
     }
 }
 
+static const struct udt_collective_facts FACTS[UDT_COLLECTIVE_COUNT] = {
+    [UDT_ALLREDUCE] = {.name = "allreduce", .moves_data = 1, .reduces = 1, .gathers = 1, .rotates = 1, .may_sum_in_place = 1,
+                       .output = UDT_OUTPUT_REDUCED},
+    [UDT_REDUCE_SCATTER] = {.name = "reduce_scatter", .moves_data = 1, .reduces = 1, .output_is_shard = 1,
+                            .mask_by_sender = 1, .output = UDT_OUTPUT_REDUCED_SHARD},
+    [UDT_ALL_GATHER] = {.name = "all_gather", .moves_data = 1, .gathers = 1, .input_is_shard = 1, .holds_own_block = 1,
+                        .output = UDT_OUTPUT_GATHERED},
+    [UDT_BROADCAST] = {.name = "broadcast", .moves_data = 1, .gathers = 1, .root_holds_all = 1, .output = UDT_OUTPUT_GATHERED},
+    [UDT_AGREE] = {.name = "agree", .output = UDT_OUTPUT_NONE},
+    [UDT_ALL_TO_ALL] = {.name = "all_to_all", .moves_data = 1, .gathers = 1, .sends_input = 1, .holds_own_block = 1,
+                        .equal_blocks = 1, .output = UDT_OUTPUT_GATHERED},
+};
+
+const struct udt_collective_facts *udt_collective_facts(int collective)
+{
+    return collective >= 0 && collective < UDT_COLLECTIVE_COUNT ? &FACTS[collective] : NULL;
+}
+
 uint32_t udt_schedule_steps(int collective, int algorithm, uint32_t world_size)
 {
     (void)algorithm;
@@ -173,6 +191,7 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
     int ring = algorithm == UDT_ALGORITHM_RING;
     uint32_t n = world_size;
     memset(schedule, 0, sizeof *schedule);
+    schedule->facts = udt_collective_facts(collective);
     schedule->world_size = n;
     schedule->finalize_after = UDT_NO_STEP;
     schedule->owned_block = block(&b, ring && collective == UDT_ALLREDUCE ? (int64_t)rank + 1 : rank);

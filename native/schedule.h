@@ -21,6 +21,36 @@ enum udt_collective {
     UDT_COLLECTIVE_COUNT = 6,
 };
 
+/* What the caller's buffers hold, per collective (struct udt_collective_facts.output). */
+enum udt_output_kind {
+    UDT_OUTPUT_NONE = 0,          /* agree: no data */
+    UDT_OUTPUT_REDUCED = 1,       /* allreduce: every block, summed and rescaled */
+    UDT_OUTPUT_REDUCED_SHARD = 2, /* reduce_scatter: this rank's block, summed */
+    UDT_OUTPUT_GATHERED = 3,      /* all_gather, broadcast, all_to_all: final values, fresh or stale */
+};
+
+/* What a collective is, as the engine, the verdict and the Python layer need it. One table, in
+ * schedule.c; nothing else tests which collective a call is. */
+struct udt_collective_facts {
+    const char *name;         /* as the Python API spells it */
+    uint8_t moves_data;       /* 0: agree, only the verdict round */
+    uint8_t reduces;          /* has a reduce half: contributions are summed at owners */
+    uint8_t gathers;          /* has a gather half: final values reach every rank (fresh or stale) */
+    uint8_t input_is_shard;   /* the input is this rank's block only (all_gather) */
+    uint8_t output_is_shard;  /* the output is this rank's block only (reduce_scatter) */
+    uint8_t sends_input;      /* every chunk goes out as the input has it, never what arrived (all_to_all) */
+    uint8_t holds_own_block;  /* the input fills this rank's own output block before anything arrives */
+    uint8_t root_holds_all;   /* the root holds every block from the start (broadcast) */
+    uint8_t rotates;          /* block ownership rotates with the call's sequence, spreading the owner's work */
+    uint8_t may_sum_in_place; /* input and output may be one tensor that accumulates (allreduce) */
+    uint8_t equal_blocks;     /* the count must divide by the world size (all_to_all's pieces) */
+    uint8_t mask_by_sender;   /* the chunk mask says whose contribution reached the shard, per sender */
+    uint8_t output;           /* enum udt_output_kind */
+};
+
+/* The facts of `collective`, or NULL for an unknown one. */
+const struct udt_collective_facts *udt_collective_facts(int collective);
+
 enum udt_algorithm {
     UDT_ALGORITHM_RING = 0,   /* neighbours only; partial sums travel N-1 hops */
     UDT_ALGORITHM_DIRECT = 1, /* transpose: every rank talks to every rank, one hop per half */
@@ -59,6 +89,7 @@ struct udt_step {
 };
 
 struct udt_schedule {
+    const struct udt_collective_facts *facts; /* what the collective is */
     uint32_t steps;
     uint32_t world_size;
     uint32_t owned_block;     /* the block this rank finalises (reduce) or relays (broadcast) */

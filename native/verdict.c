@@ -322,8 +322,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     combined.cause = udt_cause_max(combined.cause, mismatch);
     struct udt_collective_stats *st = c->stats;
     double count = (double)c->args.count;
-    int reduces = c->args.collective == UDT_ALLREDUCE || c->args.collective == UDT_REDUCE_SCATTER;
-    int gathers = c->args.collective != UDT_REDUCE_SCATTER && c->args.collective != UDT_AGREE;
+    int reduces = c->schedule.facts->reduces, gathers = c->schedule.facts->gathers;
     struct udt_verdict mine;
     udt_verdict_decode(c->my_verdict, &mine);
     if (count > 0) {

@@ -62,7 +62,8 @@ def test_a_failed_call_of_the_engine_returns_its_error_as_fields():
         silent.bind(("127.0.0.1", 0))
         peer = socket.inet_aton("127.0.0.1") + silent.getsockname()[1].to_bytes(2, "big")
         engine.set_peers(own + peer, 6)
-        status, _, error = engine.run(_native.COLLECTIVE_AGREE, _native.ALGORITHM_DIRECT, 0, 0, 0, 0, 0, 0, 0, 1, 0.0, 0.2)
+        status, _, error = engine.run(collective=_native.COLLECTIVE_AGREE, algorithm=_native.ALGORITHM_DIRECT,
+                                      agree_value=1, deadline_s=0.2)
     engine.close()
     assert status == _native.STATUS_PEER_TIMEOUT
     assert isinstance(error, _native.NativeError) and (error.call, error.errno, error.object) == ("", 0, "")

@@ -1,3 +1,8 @@
+    def run(self, *, collective: int, algorithm: int, deadline_s: float, input: int = ..., output: int = ...,
+            count: int = ..., dtype: int = ..., op: int = ..., estimator: int = ..., root: int = ...,
+            agree_value: int = ..., loss_budget: float = ..., chunk_mask: int = ..., chunk_mask_bytes: int = ...,
+            copies: int = ..., direct_output: int = ...,
+            layout_salt: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
 # Stubs for the compiled engine extension (cython/_native.pyx; no RDMA: the verbs bindings are in
 # _verbs.pyi). tests/test_packaging.py checks that the names match the module's exports.
 from typing import Any, NamedTuple
@@ -100,12 +105,12 @@ class Engine:
     def interrupt(self) -> None: ...
     def udp_counters(self) -> dict[str, int]: ...  # {} on other transports
 
-def run_striped(engines: list[Engine], collective: int, algorithm: int, inputs: list[int], outputs: list[int],
-                counts: list[int], weights: list[float], dtype: int, op: int, estimator: int, root: int,
-                loss_budget: float, deadline_s: float,
-                copies: int = ...) -> tuple[int, dict[str, Any], int, NativeError | None]: ...
+def run_striped(engines: list[Engine], inputs: list[int], outputs: list[int], counts: list[int], weights: list[float], *,
+                collective: int, algorithm: int, dtype: int, op: int, estimator: int, root: int, loss_budget: float,
+                deadline_s: float, copies: int = ...) -> tuple[int, dict[str, Any], int, NativeError | None]: ...
 def chunk_mask_bytes(collective: int, algorithm: int, count: int, dtype: int, rank: int, world_size: int,
                      chunk_bytes: int) -> int: ...
+COLLECTIVE_FACTS: dict[int, dict[str, Any]]
 def wire_element_bytes(dtype: int) -> int: ...
 def block_start(count: int, world_size: int, block: int) -> int: ...
 def schedule(collective: int, algorithm: int, rank: int, world_size: int, root: int = ...,

@@ -5,7 +5,7 @@ import os
 import struct
 import threading
 
-from . import _native, algorithms, rendezvous, stripe_choice, transports
+from . import _native, algorithms, collectives, rendezvous, stripe_choice, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
@@ -15,9 +15,6 @@ from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
 log = logging.getLogger("ud_transport")
 
-COLLECTIVE_NAMES = {_native.COLLECTIVE_ALLREDUCE: "allreduce", _native.COLLECTIVE_REDUCE_SCATTER: "reduce_scatter",
-                    _native.COLLECTIVE_ALL_GATHER: "all_gather", _native.COLLECTIVE_BROADCAST: "broadcast",
-                    _native.COLLECTIVE_AGREE: "agree", _native.COLLECTIVE_ALL_TO_ALL: "all_to_all"}
 
 
 def _seconds(deadline):
@@ -677,15 +674,18 @@ class Communicator:
             stripes = None if direct_output or layout_salt else self._stripes_for(collective, nbytes, mask_address)
             if stripes:
                 status, raw, _, native_error = _native.run_striped(
-                    stripes, collective, algorithms.CODES[algorithm_name], *self._stripe_layout(target, len(stripes)),
-                    target.dtype_code, op_value, estimator_value, root, budget, deadline_s, copies)
+                    stripes, *self._stripe_layout(target, len(stripes)), collective=collective,
+                    algorithm=algorithms.CODES[algorithm_name], dtype=target.dtype_code, op=op_value,
+                    estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s, copies=copies)
             else:
                 status, raw, native_error = self._engine.run(
-                    collective, algorithms.CODES[algorithm_name], source.address if source else 0,
-                    target.address if target else 0, count, target.dtype_code if target else 0, op_value,
-                    estimator_value, root, agree_value, budget, deadline_s, mask_address, mask_bytes, copies,
-                    bool(direct_output), int(layout_salt) & 0xFFFFFFFF)
-        stats = CollectiveStats.from_native(raw, collective=COLLECTIVE_NAMES[collective], algorithm=algorithm_name,
+                    collective=collective, algorithm=algorithms.CODES[algorithm_name],
+                    input=source.address if source else 0, output=target.address if target else 0, count=count,
+                    dtype=target.dtype_code if target else 0, op=op_value, estimator=estimator_value, root=root,
+                    agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
+                    chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
+                    layout_salt=int(layout_salt) & 0xFFFFFFFF)
+        stats = CollectiveStats.from_native(raw, collective=collectives.NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:
             self._overflow_warned = True  # once per communicator: the counter stays in every call's stats

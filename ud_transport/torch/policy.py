@@ -3,6 +3,8 @@ check uses the fractions every rank agreed on, so every rank takes the same
 branch without another round."""
 from dataclasses import asdict, dataclass
 
+from .. import collectives
+
 USE = "use"      # apply what arrived (unbiased, noisier); count it
 SKIP = "skip"    # skip this optimizer step on every rank (like AMP's GradScaler on inf)
 RAISE = "raise"  # raise LossBudgetExceeded after backward, where the caller can handle it
@@ -38,10 +40,10 @@ class StepCounters:
     def record(self, stats):
         """Count one lossy call's agreed fractions (the halves it has)."""
         self.calls += 1
-        if stats.collective in ("allreduce", "reduce_scatter"):
+        if collectives.reduces(stats.collective):
             self.reduce_calls += 1
             self.reduce_fraction_sum += stats.reduce_fraction
-        if stats.collective in ("allreduce", "all_gather", "broadcast"):
+        if collectives.gathers(stats.collective):
             self.gather_calls += 1
             self.gather_fraction_sum += stats.gather_fraction
 
