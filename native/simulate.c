@@ -9,22 +9,15 @@
 #include <string.h>
 
 #include "elementwise.h"
+#include "prng.h"
+#include "wire.h"
 
-#define SIM_HEADER_BYTES 44u
 #define SWEEP_LIMIT 50000000ull
 #define SEND_CREDIT_DATAGRAMS 64 /* a paced sender saves up at most this many sends while idle */
 
-static uint64_t splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static double normal(uint64_t *state)
 {
-    double u = ((double)(splitmix(state) >> 11) + 0.5) * 0x1.0p-53, v = (double)(splitmix(state) >> 11) * 0x1.0p-53;
+    double u = ((double)(udt_prng_next(state) >> 11) + 0.5) * 0x1.0p-53, v = udt_prng_uniform(state);
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
@@ -76,7 +69,7 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
 {
     uint32_t n = sim->world_size;
     uint64_t count = sim->count;
-    struct udt_memory_network *net = udt_memory_network_create(n, sim->chunk_bytes + SIM_HEADER_BYTES);
+    struct udt_memory_network *net = udt_memory_network_create(n, sim->chunk_bytes + UDT_WIRE_HEADER_BYTES);
     struct sim_rank *ranks = calloc(n, sizeof *ranks);
     double *signal = malloc((count ? count : 1) * sizeof *signal);
     if (!net || !ranks || !signal) {

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prng.h"
+
 struct lossy_transport {
     struct udt_transport base;
     struct udt_transport *inner;
@@ -14,15 +16,7 @@ struct lossy_transport {
     int in_bad_state;
 };
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform(struct lossy_transport *l) { return (double)(splitmix64(&l->rng_state) >> 11) * 0x1.0p-53; }
+static double uniform(struct lossy_transport *l) { return udt_prng_uniform(&l->rng_state); }
 
 static int should_drop(struct lossy_transport *l)
 {
