@@ -1,5 +1,13 @@
-/* State shared by the engine's files (engine.c: steps and data; verdict.c:
- * the verdict round). Not part of the public interface. */
+/* State shared by the engine's rooms. Not part of the public interface. Each room owns one
+ * concern, and depends only on the rooms listed before it here (no circle):
+ *   control.c   the headers and the one sender of control datagrams
+ *   output.c    the caller's buffers: originals saved and put back, rescaling, write-out
+ *   liveness.c  who is in the call, deadlines, JOIN, closing receive steps, closed ports
+ *   data.c      credits, sending, admitting data
+ *   verdict.c   the verdict round: one outcome on every rank
+ *   call.c      a call's life: refusal, preparing, the progress loop, finishing
+ *   comm.c      the communicator
+ * The schedule (schedule.c) says what the collective is (struct udt_collective_facts). */
 #ifndef UDT_ENGINE_INTERNAL_H
 #define UDT_ENGINE_INTERNAL_H
 
@@ -15,7 +23,10 @@
 #define RECV_BATCH 16
 #define SAVE_AHEAD_BYTES 65536u /* in place: originals saved in one copy at most this long (save_original) */
 #define UNCACHED_MIN_BYTES 4096u /* shorter copies store through the cache (a partial line streamed costs more) */
-#define LATE_DRAIN_BATCHES 1024 /* past the hard deadline: batches read before deciding (udt_call_progress) */
+#define LATE_DRAIN_BATCHES 1024
+/* credits (data.c; the data phase wakes for them, liveness.c) are handed out at most this many receive steps ahead (the window
+ * usually runs out first) */
+#define CREDIT_LOOKAHEAD_STEPS 64 /* past the hard deadline: batches read before deciding (udt_call_progress) */
 
 /* per-chunk flags */
 #define SCRATCH_VALID 1u /* the accumulator holds this chunk's current value; else the caller's input does */
@@ -189,14 +200,87 @@ struct udt_comm {
     struct udt_error error;
 };
 
-/* engine.c */
-void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer);
-void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now);
+/* ---- geometry of the call, read by every room ---- */
+
+static inline uint64_t udt_us(uint32_t microseconds) { return (uint64_t)microseconds * 1000ull; }
+
+static inline struct udt_comm *udt_comm_of(struct call *c)
+{
+    return (struct udt_comm *)((uint8_t *)c - offsetof(struct udt_comm, call));
+}
+
+static inline uint32_t chunks_in_block(const struct call *c, uint32_t block)
+{
+    return (uint32_t)(c->chunk_base[block + 1] - c->chunk_base[block]);
+}
+
+static inline uint64_t chunk_first_element(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    return c->block_first[block] + (uint64_t)chunk * c->chunk_elements;
+}
+
+static inline uint64_t chunk_length(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    uint64_t first = chunk_first_element(c, block, chunk), end = c->block_first[block + 1];
+    return end - first < c->chunk_elements ? end - first : c->chunk_elements;
+}
+
+/* The caller's input for an element: when the input is a shard (all_gather), only ours. */
+static inline const uint8_t *input_at(const struct call *c, uint64_t element)
+{
+    uint64_t offset = c->schedule.facts->input_is_shard ? element - c->block_first[c->rank] : element;
+    return (const uint8_t *)c->args.input + offset * c->wire_bytes;
+}
+
+/* What becomes of a datagram that arrives (data.c, liveness.c) */
+enum admission {
+    ADMIT = 0,
+    DROP_INVALID,
+    DROP_STALE,
+    DROP_CLOSED, /* a well-formed chunk of this call for a step we closed */
+    DROP_DUPLICATE,
+    DROP_EARLY,
+    DROP_MISMATCH,
+    DROP_QUIET, /* not counted: an old credit, an extra END copy */
+};
+
+/* control.c */
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
-void udt_close_all_steps(struct call *c);
-int udt_write_output(struct call *c);
+int udt_send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t peer, uint32_t credit, int copies);
+
+/* output.c */
+void udt_save_original(struct call *c, uint32_t block, uint32_t chunk);
+void udt_restore_originals(struct call *c);
+void udt_finalize_owned_block(struct call *c);
 uint64_t udt_fresh_elements(const struct call *c);
 uint64_t udt_reduce_weighted(const struct call *c);
+double udt_delivered_fraction(const struct call *c);
+int udt_write_output(struct call *c);
+
+/* liveness.c */
+void udt_set_deadlines(struct call *c, uint64_t from, double seconds);
+void udt_set_step_deadline(struct call *c, uint64_t now);
+void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now);
+void udt_note_peer_step(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t step, uint64_t now);
+uint64_t udt_join_request_interval(const struct udt_comm *comm, uint32_t attempts);
+int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer, uint64_t now);
+int udt_request_joins(struct call *c, struct udt_comm *comm, uint64_t now);
+int udt_ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now);
+int udt_close_ready_steps(struct call *c, uint64_t now);
+void udt_close_all_steps(struct call *c);
+uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64_t now);
+void udt_mark_quotes(struct udt_comm *comm);
+void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer);
+void udt_notice_bounces(struct call *c, struct udt_comm *comm, uint64_t now);
+
+/* data.c */
+int udt_grant_credits(struct call *c, uint64_t now, int force);
+int udt_regrant(struct call *c, uint64_t now);
+int udt_send_some(struct call *c);
+void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t bytes, uint32_t peer,
+                   uint64_t now);
+void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
+                 uint32_t bytes, uint32_t peer, uint64_t now);
 
 /* verdict.c */
 void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);
