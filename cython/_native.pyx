@@ -245,7 +245,7 @@ cdef udt_engine_options engine_options(dict values) except *:
 cdef void fill_args(udt_collective_args *args, int collective, int algorithm, uintptr_t input, uintptr_t output,
                     uint64_t count, int dtype, int op, int estimator, uint32_t root, uint32_t agree_value,
                     double loss_budget, double deadline_s, uintptr_t chunk_mask, uint64_t chunk_mask_bytes,
-                    uint32_t copies, uint32_t direct_output=0, uint32_t layout_salt=0):
+                    uint32_t copies, uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0):
     args.collective = collective
     args.algorithm = algorithm
     args.input = <const void *>input
@@ -263,6 +263,7 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
     args.copies = copies
     args.direct_output = direct_output
     args.layout_salt = layout_salt
+    args.write_on_budget_miss = write_on_budget_miss
 
 
 cdef class Engine:
@@ -339,7 +340,7 @@ cdef class Engine:
     def run(self, *, int collective, int algorithm, double deadline_s, uintptr_t input=0, uintptr_t output=0,
             uint64_t count=0, int dtype=0, int op=0, int estimator=0, uint32_t root=0, uint32_t agree_value=0,
             double loss_budget=0.0, uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1,
-            uint32_t direct_output=0, uint32_t layout_salt=0):
+            uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0):
         """Run one collective, its arguments named (struct udt_collective_args). Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
@@ -352,7 +353,7 @@ cdef class Engine:
         cdef udt_collective_stats stats
         cdef int status
         fill_args(&args, collective, algorithm, input, output, count, dtype, op, estimator, root, agree_value, loss_budget,
-                  deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output, layout_salt)
+                  deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output, layout_salt, write_on_budget_miss)
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
@@ -360,7 +361,7 @@ cdef class Engine:
 
 def run_striped(list engines, list inputs, list outputs, list counts, list weights, *, int collective, int algorithm,
                 int dtype, int op, int estimator, uint32_t root, double loss_budget, double deadline_s,
-                uint32_t copies=1):
+                uint32_t copies=1, uint32_t write_on_budget_miss=0):
     """Run one collective as len(engines) stripes at once, stripe k being counts[k] elements
     at inputs[k] / outputs[k] on engines[k] (engine.h: udt_collective_striped). Returns
     (status, merged stats dict, index of the stripe whose status it is, NativeError or None
@@ -383,7 +384,7 @@ def run_striped(list engines, list inputs, list outputs, list counts, list weigh
         comms[k] = engine.comm
         shares[k] = weights[k]
         fill_args(&args[k], collective, algorithm, inputs[k], outputs[k], counts[k], dtype, op, estimator, root, 0,
-                  loss_budget, deadline_s, 0, 0, copies)
+                  loss_budget, deadline_s, 0, 0, copies, 0, 0, write_on_budget_miss)
     with nogil:
         status = udt_collective_striped(comms, args, stats, shares, n, &merged, &failed)
     engine = engines[failed]
@@ -413,6 +414,12 @@ def _facts_of(int collective):
 # What each collective is (native/schedule.c's one table), by its code: the Python layer reads
 # these, never a copy of them.
 COLLECTIVE_FACTS = {code: _facts_of(code) for code in range(UDT_COLLECTIVE_COUNT)}
+
+
+def budget_missed(double reduce_fraction, double gather_fraction, double loss_budget):
+    """Whether agreed fractions miss `loss_budget`: the engine's rule (udt_budget_missed, engine.h),
+    the one definition every layer asks."""
+    return bool(udt_budget_missed(reduce_fraction, gather_fraction, loss_budget))
 
 
 def wire_element_bytes(int dtype):

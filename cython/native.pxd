@@ -199,6 +199,7 @@ cdef extern from "engine.h" nogil:
         int32_t silent_rank
         int32_t mismatched_rank
         int32_t deadline_expired
+        int32_t budget_missed
         int32_t in_place
         uint32_t stripes
         uint32_t stripes_vetoed
@@ -221,6 +222,9 @@ cdef extern from "engine.h" nogil:
         uint32_t copies
         uint32_t direct_output
         uint32_t layout_salt
+        uint32_t write_on_budget_miss
+
+    int udt_budget_missed(double reduce_fraction, double gather_fraction, double loss_budget)
 
     struct udt_comm:
         pass

@@ -9,6 +9,7 @@ cdef extern from "simulate.h" nogil:
         uint32_t chunk_bytes
         uint32_t calls
         double loss_budget
+        uint32_t write_on_budget_miss
         double deadline_s
         double noise
         uint64_t seed
@@ -27,7 +28,7 @@ cdef extern from "simulate.h" nogil:
 
 
 def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count, uint32_t chunk_bytes, uint32_t calls, *,
-             int estimator=0, double loss_budget=0.1, double deadline_s=10.0, double noise=1.0, uint64_t seed=1,
+             int estimator=0, double loss_budget=0.1, uint32_t write_on_budget_miss=0, double deadline_s=10.0, double noise=1.0, uint64_t seed=1,
              int loss_kind=0, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0, double loss_in_good=0.0,
              double loss_in_bad=0.0, uint64_t send_ns_per_datagram=0, uint32_t late_rank=0, double late_start_s=0.0):
     """Run `calls` calls of a collective on `world_size` engines in this
@@ -49,6 +50,7 @@ def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count,
     sim.chunk_bytes = chunk_bytes
     sim.calls = calls
     sim.loss_budget = loss_budget
+    sim.write_on_budget_miss = write_on_budget_miss
     sim.deadline_s = deadline_s
     sim.noise = noise
     sim.seed = seed

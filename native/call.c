@@ -52,6 +52,8 @@ static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chun
     if (a->layout_salt) /* only then: a call without one keeps the tag peers of the same wire version compute */
         for (int i = 0; i < 4; i++)
             hash = (hash ^ ((a->layout_salt >> (8 * i)) & 0xffu)) * 16777619u;
+    if (a->write_on_budget_miss) /* ranks that judge a miss differently would return different statuses */
+        hash = (hash ^ 0x5du) * 16777619u;
     return hash;
 }
 

@@ -38,7 +38,10 @@ int udt_regrant(struct call *c, uint64_t now)
         struct peer_state *peer = &comm->peers[p];
         if (p == c->rank || !peer->granted || peer->arrived_since_grant < arrivals_per_regrant(c))
             continue;
-        int rc = udt_send_control(c, UDT_KIND_CREDIT, 0, p, peer->granted, CREDIT_COPIES);
+        struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);
+        credit.credit = peer->granted;
+        credit.copies = CREDIT_COPIES;
+        int rc = udt_send_control(c, p, &credit);
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
@@ -110,7 +113,10 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         int grew = grant >= peer->granted + c->window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->granted && peer->granted == 0);
         if (!force && !grew && now - peer->granted_at_ns < refresh)
             continue;
-        int rc = udt_send_control(c, UDT_KIND_CREDIT, 0, (uint32_t)touched[i], grant, CREDIT_COPIES);
+        struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);
+        credit.credit = grant;
+        credit.copies = CREDIT_COPIES;
+        int rc = udt_send_control(c, (uint32_t)touched[i], &credit);
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
@@ -266,7 +272,10 @@ int udt_send_some(struct call *c)
         progressed |= rc > 0;
         if (state->sent_chunk < passes_end(c, g))
             break; /* the socket is full */
-        rc = udt_send_control(c, UDT_KIND_END, g, (uint32_t)step->send_peer, 0, (int)comm->options.end_repeats);
+        struct udt_control end = udt_control_of(c, UDT_KIND_END);
+        end.step = g;
+        end.copies = (int)comm->options.end_repeats;
+        rc = udt_send_control(c, (uint32_t)step->send_peer, &end);
         if (rc < 0)
             return rc;
         if (rc == 0)

@@ -86,7 +86,20 @@ struct udt_collective_args {
      * any dtype as 32-bit words and passes the byte count here, so that two sizes padded to the
      * same words are a layout mismatch instead of a copy that cuts or pads. */
     uint32_t layout_salt;
+    /* Nonzero: a call that misses its loss budget (udt_budget_missed) still writes its estimate
+     * and returns UDT_OK with stats.budget_missed set, for callers that apply their own policy to
+     * a miss (the torch layer's on_budget_miss). Part of the layout every rank must share. */
+    uint32_t write_on_budget_miss;
 };
+
+/* The loss budget's rule, its one home: a call misses `loss_budget` when more than that share
+ * of contributions is missing at their owners or of some rank's result is stale (the agreed
+ * fractions of struct udt_collective_stats). The verdict, the simulator and the Python layer
+ * (_native.budget_missed) all ask this. */
+static inline int udt_budget_missed(double reduce_fraction, double gather_fraction, double loss_budget)
+{
+    return 1.0 - reduce_fraction > loss_budget + 1e-12 || 1.0 - gather_fraction > loss_budget + 1e-12;
+}
 
 struct udt_collective_stats {
     double delivered_fraction; /* share of all ranks' contributions present in this rank's result */
@@ -132,6 +145,7 @@ struct udt_collective_stats {
     int32_t mismatched_rank;     /* -1 unless a peer called with another layout */
     int32_t deadline_expired;
     int32_t in_place;            /* the allreduce summed in the caller's tensor (Options.in_place_min_bytes) */
+    int32_t budget_missed;       /* agreed: the call missed its loss budget (udt_budget_missed) */
     uint32_t stripes;            /* calls it ran as at once, each on its own transport (udt_collective_striped); 1 */
     uint32_t stripes_vetoed;     /* of those, calls whose own verdict was OK that failed with a sibling stripe */
 };

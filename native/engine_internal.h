@@ -245,8 +245,24 @@ enum admission {
 };
 
 /* control.c */
+/* A control datagram: a header of its kind and, for a verdict, its payload. */
+struct udt_control {
+    uint8_t kind;             /* UDT_KIND_END, _CREDIT, _JOIN or _AGREE */
+    uint8_t flags;            /* JOIN: UDT_JOIN_REPLY; verdict: UDT_AGREE_* */
+    uint32_t step;            /* END: the step it ends */
+    uint32_t credit;          /* CREDIT: the position granted; JOIN: steps sent to the peer */
+    uint32_t sequence;        /* the call it is about: a JOIN or verdict may answer the previous one */
+    uint32_t layout_tag;
+    const uint8_t *payload;   /* a verdict's UDT_VERDICT_BYTES, or NULL */
+    int copies;               /* 1 to UDT_MAX_END_REPEATS */
+};
+/* A control datagram about the current call, one copy. */
+static inline struct udt_control udt_control_of(const struct call *c, uint8_t kind)
+{
+    return (struct udt_control){.kind = kind, .sequence = c->sequence, .layout_tag = c->layout_tag, .copies = 1};
+}
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step);
-int udt_send_control(struct call *c, uint8_t kind, uint32_t step, uint32_t peer, uint32_t credit, int copies);
+int udt_send_control(struct call *c, uint32_t peer, const struct udt_control *m);
 
 /* output.c */
 void udt_save_original(struct call *c, uint32_t block, uint32_t chunk);

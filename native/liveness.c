@@ -49,24 +49,11 @@ uint64_t udt_join_request_interval(const struct udt_comm *comm, uint32_t attempt
 /* A JOIN also tells the peer how far our sending to it has come (`sent_steps`: it gets
  * nothing more of our steps below this), so a receiver whose END markers were all lost,
  * or that wonders whether a sender busy with other peers has reached its step, can ask. */
-static int send_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag, uint8_t flags,
-                     uint32_t sent_steps)
+static int send_join(struct call *c, uint32_t peer, uint32_t sequence, uint32_t layout_tag, uint8_t flags, uint32_t sent_steps)
 {
-    struct udt_wire_header h;
-    udt_fill_header(c, &h, UDT_KIND_JOIN, 0);
-    h.sequence = sequence;
-    h.layout_tag = layout_tag;
-    h.flags = flags;
-    h.credit = sent_steps;
-    uint8_t *slot = comm->headers[SEND_BATCH + 2];
-    udt_wire_encode(&h, slot);
-    struct udt_send_item item = {.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES};
-    int rc = udt_transport_send(comm->transport, &item, 1);
-    if (rc > 0) {
-        c->stats->datagrams_sent++;
-        c->stats->join_messages_sent++;
-    }
-    return rc;
+    struct udt_control join = {.kind = UDT_KIND_JOIN, .flags = flags, .credit = sent_steps, .sequence = sequence,
+                               .layout_tag = layout_tag, .copies = 1};
+    return udt_send_control(c, peer, &join);
 }
 
 static enum admission admit_join(const struct udt_wire_header *h, uint32_t bytes)
@@ -107,7 +94,7 @@ int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_hea
             p->join_request_ns = now + udt_join_request_interval(comm, p->join_requests);
             return 0;
         }
-        return send_join(c, comm, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY, p->sent_steps);
+        return send_join(c, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY, p->sent_steps);
     }
     if (h->sequence == c->sequence + 1) { /* it is in our next call (not taken as an acknowledgement: see on_credit) */
         p->early_join_sequence = h->sequence;
@@ -116,7 +103,7 @@ int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_hea
         return 0; /* we are not in that call yet: it asks again */
     }
     if (request && comm->have_last_verdict && h->sequence == comm->last_verdict_sequence)
-        return send_join(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, UDT_JOIN_REPLY, comm->last_steps);
+        return send_join(c, peer, comm->last_verdict_sequence, comm->last_layout_tag, UDT_JOIN_REPLY, comm->last_steps);
     return 0;
 }
 
@@ -127,7 +114,7 @@ static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, ui
         p->join_request_ns = now + udt_join_request_interval(comm, 0);
     if (now < p->join_request_ns)
         return 0;
-    int rc = send_join(c, comm, peer, c->sequence, c->layout_tag, 0, p->sent_steps);
+    int rc = send_join(c, peer, c->sequence, c->layout_tag, 0, p->sent_steps);
     if (rc < 0)
         return rc;
     p->join_request_ns = now + udt_join_request_interval(comm, p->join_requests++);

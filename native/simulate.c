@@ -128,7 +128,8 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
         double exact_rms = count ? sqrt(exact_squares / (double)count) : 1.0;
         struct udt_collective_args args = {.collective = sim->collective, .algorithm = sim->algorithm, .count = count,
                                            .dtype = UDT_FLOAT64, .op = UDT_OP_SUM, .estimator = sim->estimator,
-                                           .loss_budget = sim->loss_budget, .deadline_s = sim->deadline_s};
+                                           .loss_budget = sim->loss_budget, .deadline_s = sim->deadline_s,
+                                           .write_on_budget_miss = sim->write_on_budget_miss};
         for (uint32_t r = 0; r < n; r++) {
             ranks[r].over = ranks[r].started = 0;
             ranks[r].start_ns = now + (r == sim->late_rank ? (uint64_t)(sim->late_start_s * 1e9) : 0);

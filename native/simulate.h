@@ -17,6 +17,7 @@ struct udt_simulation {
     uint32_t chunk_bytes;
     uint32_t calls;
     double loss_budget;
+    uint32_t write_on_budget_miss; /* struct udt_collective_args */
     double deadline_s;       /* virtual seconds */
     double noise;            /* inputs: a signal shared by all ranks plus this much noise of each rank's own */
     uint64_t seed;

@@ -94,7 +94,7 @@ static void merge_stats(struct udt_collective_stats *into, const struct udt_coll
         SUM(receive_overflow_drops); SUM(send_calls); SUM(receive_calls); SUM(verdict_acks_presumed); SUM(steps_ended); SUM(steps_superseded);
         SUM(steps_answered); SUM(steps_timed_out); SUM(idle_waits); SUM(credit_stalls);
         MAX(elapsed_s); MAX(deadline_s); MAX(agree_s); MAX(join_wait_s); MAX(output_s); MAX(agreed_value);
-        MAX(deadline_expired);
+        MAX(deadline_expired); MAX(budget_missed); /* a stripe that missed: the call missed */
         if (into->silent_rank < 0)
             into->silent_rank = part->silent_rank;
         if (into->mismatched_rank < 0)

@@ -58,26 +58,9 @@ static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 {
     /* an answer may be the last thing a peer needs from us before we leave:
      * send it as many times as an END marker */
-    int copies = flags & UDT_AGREE_REPLY ? (int)comm->options.end_repeats : 1;
-    struct udt_wire_header h;
-    udt_fill_header(c, &h, UDT_KIND_AGREE, 0);
-    h.sequence = sequence;
-    h.layout_tag = layout_tag;
-    h.flags = flags;
-    h.payload_bytes = UDT_VERDICT_BYTES;
-    uint8_t *slot = comm->headers[SEND_BATCH + 1];
-    udt_wire_encode(&h, slot);
-    struct udt_send_item items[8];
-    if (copies > 8)
-        copies = 8;
-    for (int i = 0; i < copies; i++)
-        items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
-                                          .payload_bytes = UDT_VERDICT_BYTES};
-    int rc = udt_transport_send(comm->transport, items, copies);
-    if (rc > 0) {
-        c->stats->datagrams_sent += (uint64_t)rc;
-        c->stats->agree_messages_sent += (uint64_t)rc;
-    }
+    struct udt_control verdict = {.kind = UDT_KIND_AGREE, .flags = flags, .sequence = sequence, .layout_tag = layout_tag,
+                                  .payload = payload, .copies = flags & UDT_AGREE_REPLY ? (int)comm->options.end_repeats : 1};
+    int rc = udt_send_control(c, peer, &verdict);
     return rc < 0 ? rc : 0;
 }
 
@@ -362,7 +345,8 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     } else if (severity != CAUSE_NONE) {
         udt_error_check(&comm->error, "rank %u failed with a transport error", blamed);
         c->status = UDT_ERR_TRANSPORT;
-    } else if (1.0 - st->reduce_fraction > combined.loss_budget + 1e-12 || 1.0 - st->gather_fraction > combined.loss_budget + 1e-12) {
+    } else if ((st->budget_missed = udt_budget_missed(st->reduce_fraction, st->gather_fraction, combined.loss_budget)) &&
+               !c->args.write_on_budget_miss) {
         udt_error_check(&comm->error,
                  "%.2f%% of contributions missing at their owners and %.2f%% of some rank's result stale; budget %.2f%%",
                  100.0 * (1.0 - st->reduce_fraction), 100.0 * (1.0 - st->gather_fraction), 100.0 * combined.loss_budget);

@@ -597,3 +597,17 @@ def sequence_steps(comm):
         pass
     steps.append(comm.sequence - start)
     return steps
+
+
+def allreduce_on_miss(comm, count, loss_budget, on_miss, deadline):
+    """A float32 allreduce with `on_miss` (the same or not on every rank, per rank if a list):
+    (outcome type name, stats.budget_missed, whether the tensor kept its values)."""
+    mode = on_miss[comm.rank] if isinstance(on_miss, list) else on_miss
+    tensor = np.full(count, comm.rank + 1.0, dtype=np.float32)
+    before = tensor.copy()
+    try:
+        stats = comm.allreduce(tensor, loss_budget=loss_budget, deadline=deadline, on_miss=mode)
+        return "OK", stats.budget_missed, bool(np.array_equal(tensor, before))
+    except ud_transport.TransportError as error:
+        stats = getattr(error, "stats", None)
+        return type(error).__name__, stats.budget_missed if stats else None, bool(np.array_equal(tensor, before))

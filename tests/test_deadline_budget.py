@@ -129,3 +129,33 @@ def test_ranks_calling_with_different_sizes_get_layout_mismatch():
     # the communicator is still usable afterwards
     for exact, delivered in cluster.run(tasks.late_allreduce, 0, 0.0, 5.0):
         assert exact and delivered == 1.0
+
+
+def test_on_miss_return_writes_the_estimate_and_says_it_missed():
+    """The budget's one rule, with the choice of what a miss does (issue 40): on_miss="raise"
+    fails the call and keeps the tensor; on_miss="return" writes the estimate and returns with
+    stats.budget_missed set, on every rank alike; a call within budget says it did not miss."""
+    cluster = get_cluster(LOSSY_WORLD, **LOSSY)
+    for name, changed in (("LossBudgetExceeded", False), ("OK", True)):
+        on_miss = "raise" if name != "OK" else "return"
+        for outcome, missed, unchanged in cluster.run(tasks.allreduce_on_miss, 2000, 0.05, on_miss, 5.0):
+            assert (outcome, missed, unchanged) == (name, True, not changed), (on_miss, outcome, missed, unchanged)
+    for outcome, missed, unchanged in cluster.run(tasks.allreduce_on_miss, 2000, 1.0, "return", 5.0):
+        assert (outcome, missed, unchanged) == ("OK", False, False)
+
+
+def test_ranks_that_disagree_on_what_a_miss_does_fail_alike():
+    """on_miss is part of the layout: ranks that would judge a miss differently (one raising, one
+    returning) would return different statuses, so the call is a LayoutMismatch everywhere."""
+    cluster = get_cluster(LOSSY_WORLD, **LOSSY)
+    outcomes = cluster.run(tasks.allreduce_on_miss, 2000, 0.05, ["raise", "return", "raise"], 5.0)
+    assert {outcome for outcome, _, _ in outcomes} == {"LayoutMismatch"}, outcomes
+    assert all(unchanged for _, _, unchanged in outcomes)
+
+
+def test_the_budget_rule_is_the_engines():
+    from ud_transport import _native
+
+    assert not _native.budget_missed(0.9, 1.0, 0.1)
+    assert _native.budget_missed(0.89, 1.0, 0.1) and _native.budget_missed(1.0, 0.89, 0.1)
+    assert not _native.budget_missed(1.0, 1.0, 0.0) and _native.budget_missed(0.999, 1.0, 0.0)

@@ -110,10 +110,11 @@ def get_default():
     return _default
 
 
-def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None, copies=None):
+def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None, copies=None,
+              on_miss="raise"):
     """Allreduce on the default communicator (see Communicator.allreduce)."""
     return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator,
-                                   algorithm=algorithm, copies=copies)
+                                   algorithm=algorithm, copies=copies, on_miss=on_miss)
 
 
 def reduce_scatter(tensor, output, loss_budget=None, **keywords):

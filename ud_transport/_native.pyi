@@ -1,8 +1,8 @@
     def run(self, *, collective: int, algorithm: int, deadline_s: float, input: int = ..., output: int = ...,
             count: int = ..., dtype: int = ..., op: int = ..., estimator: int = ..., root: int = ...,
             agree_value: int = ..., loss_budget: float = ..., chunk_mask: int = ..., chunk_mask_bytes: int = ...,
-            copies: int = ..., direct_output: int = ...,
-            layout_salt: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
+            copies: int = ..., direct_output: int = ..., layout_salt: int = ...,
+            write_on_budget_miss: int = ...) -> tuple[int, dict[str, Any], NativeError | None]: ...
 # Stubs for the compiled engine extension (cython/_native.pyx; no RDMA: the verbs bindings are in
 # _verbs.pyi). tests/test_packaging.py checks that the names match the module's exports.
 from typing import Any, NamedTuple
@@ -107,10 +107,12 @@ class Engine:
 
 def run_striped(engines: list[Engine], inputs: list[int], outputs: list[int], counts: list[int], weights: list[float], *,
                 collective: int, algorithm: int, dtype: int, op: int, estimator: int, root: int, loss_budget: float,
-                deadline_s: float, copies: int = ...) -> tuple[int, dict[str, Any], int, NativeError | None]: ...
+                deadline_s: float, copies: int = ...,
+                write_on_budget_miss: int = ...) -> tuple[int, dict[str, Any], int, NativeError | None]: ...
 def chunk_mask_bytes(collective: int, algorithm: int, count: int, dtype: int, rank: int, world_size: int,
                      chunk_bytes: int) -> int: ...
 COLLECTIVE_FACTS: dict[int, dict[str, Any]]
+def budget_missed(reduce_fraction: float, gather_fraction: float, loss_budget: float) -> bool: ...
 def wire_element_bytes(dtype: int) -> int: ...
 def block_start(count: int, world_size: int, block: int) -> int: ...
 def schedule(collective: int, algorithm: int, rank: int, world_size: int, root: int = ...,
@@ -121,7 +123,8 @@ def float_to_bfloat16_bits(value: float) -> int: ...
 def copy_uncached(dst: Any, src: Any) -> None: ...  # writable and readable contiguous byte buffers (numpy uint8, memoryview)
 
 def simulate(world_size: int, collective: int, algorithm: int, count: int, chunk_bytes: int, calls: int, *,
-             estimator: int = ..., loss_budget: float = ..., deadline_s: float = ..., noise: float = ..., seed: int = ...,
+             estimator: int = ..., loss_budget: float = ..., write_on_budget_miss: int = ..., deadline_s: float = ...,
+             noise: float = ..., seed: int = ...,
              loss_kind: int = ..., loss: float = ..., good_to_bad: float = ..., bad_to_good: float = ...,
              loss_in_good: float = ..., loss_in_bad: float = ..., send_ns_per_datagram: int = ..., late_rank: int = ...,
              late_start_s: float = ...) -> list[list[tuple[int, dict[str, Any], float, float]]]: ...

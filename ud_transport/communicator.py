@@ -15,6 +15,8 @@ from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
 
 log = logging.getLogger("ud_transport")
 
+ON_MISS = ("raise", "return")  # what a call that misses its loss budget does (see on_miss)
+
 
 
 def _seconds(deadline):
@@ -47,7 +49,12 @@ _CALL_PARAMETERS = """loss_budget : float in [0, 1], optional
             Times each data datagram is sent, 1 to 4 (None takes ``Options.copies``, 1): the
             copies follow each step, so a chunk is lost only if every copy is (i.i.d. loss p
             becomes p**copies) for copies times the bytes. Redundancy, not retransmission:
-            nothing waits for a loss to be noticed."""
+            nothing waits for a loss to be noticed.
+        on_miss : {"raise", "return"}, default "raise"
+            What a call that misses its budget does: raise LossBudgetExceeded (the tensor keeps
+            its values), or write its estimate anyway and return with ``stats.budget_missed``
+            set, for a caller with its own policy for a miss (every rank alike: every rank must
+            pass the same)."""
 _CALL_RAISES = """Returns
         -------
         CollectiveStats
@@ -57,7 +64,8 @@ _CALL_RAISES = """Returns
         Raises
         ------
         LossBudgetExceeded
-            More than ``loss_budget`` was missing at the deadline (``.stats`` says how much).
+            More than ``loss_budget`` was missing at the deadline (``.stats`` says how much),
+            unless ``on_miss="return"``.
         PeerTimeout
             A rank did not join, went silent, or is gone (``.rank`` names it).
         LayoutMismatch
@@ -380,7 +388,8 @@ class Communicator:
                         dtype=np.uint8)
 
     @_documented
-    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None):
+    def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None,
+                  on_miss="raise"):
         """Reduce `tensor` across ranks, in place.
 
         Lost datagrams are not retransmitted: the result is an unbiased estimate. Each shard's
@@ -411,11 +420,11 @@ class Communicator:
         """
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies, on_miss=on_miss)
 
     @_documented
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,
-                       chunk_mask=None, copies=None):
+                       chunk_mask=None, copies=None, on_miss="raise"):
         """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
 
         Each chunk of the shard is scaled by N / the contributions that reached it (unbiased).
@@ -447,11 +456,12 @@ class Communicator:
         start, stop = self.shard_range(source.count)
         self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
         return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
+                         on_miss=on_miss)
 
     @_documented
     def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
-                   direct_output=False, layout_salt=0):
+                   direct_output=False, layout_salt=0, on_miss="raise"):
         """Gather every rank's shard into `output`, the full tensor.
 
         Rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``. Where a
@@ -488,11 +498,11 @@ class Communicator:
         self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
         return self._run(_native.COLLECTIVE_ALL_GATHER, source, target, target.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output, layout_salt=layout_salt)
+                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
     def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
-                  direct_output=False, layout_salt=0):
+                  direct_output=False, layout_salt=0, on_miss="raise"):
         """Copy rank `src`'s tensor into every rank's, in place.
 
         Lossy the same way as all_gather: a chunk that does not arrive keeps its old value.
@@ -524,11 +534,11 @@ class Communicator:
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
                          deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output, layout_salt=layout_salt)
+                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
     def all_to_all(self, tensor, output, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
-                   direct_output=False, layout_salt=0):
+                   direct_output=False, layout_salt=0, on_miss="raise"):
         """Exchange pieces: block q of this rank's `tensor` goes to rank q, and block p of `output`
         receives rank p's block for this rank (blocks as ``shard_range``: world_size equal parts).
 
@@ -567,7 +577,7 @@ class Communicator:
             raise ValueError("all_to_all with direct_output needs an output apart from the tensor it sends")
         return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, source.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output, layout_salt=layout_salt)
+                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     def _check_all_to_all_count(self, count):
         if count % self.world_size:
@@ -655,14 +665,15 @@ class Communicator:
         return addresses, addresses, counts, [part / view.count for part in counts]
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
-             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0):
+             algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0,
+             on_miss="raise"):
+        if on_miss not in ON_MISS:
+            raise ValueError(f"on_miss must be one of {ON_MISS}, got {on_miss!r}")
         op_value = op_code(op)
         copies = check_copies(self.options.copies if copies is None else copies)
         estimator_value = estimator_code(estimator or self.options.estimator)
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
-        budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)
-        if not 0.0 <= budget <= 1.0:
-            raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
+        budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)  # its range: the engine's
         deadline_s = _seconds(deadline)
         nbytes = target.nbytes if target is not None else 0
         mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, algorithm_name, count,
@@ -676,7 +687,8 @@ class Communicator:
                 status, raw, _, native_error = _native.run_striped(
                     stripes, *self._stripe_layout(target, len(stripes)), collective=collective,
                     algorithm=algorithms.CODES[algorithm_name], dtype=target.dtype_code, op=op_value,
-                    estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s, copies=copies)
+                    estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s, copies=copies,
+                    write_on_budget_miss=on_miss == "return")
             else:
                 status, raw, native_error = self._engine.run(
                     collective=collective, algorithm=algorithms.CODES[algorithm_name],
@@ -684,7 +696,7 @@ class Communicator:
                     dtype=target.dtype_code if target else 0, op=op_value, estimator=estimator_value, root=root,
                     agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
                     chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
-                    layout_salt=int(layout_salt) & 0xFFFFFFFF)
+                    layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return")
         stats = CollectiveStats.from_native(raw, collective=collectives.NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:

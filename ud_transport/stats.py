@@ -104,6 +104,10 @@ class CollectiveStats:
         The maximum over ranks of ``agree()``'s value (0 for other collectives).
     deadline_expired : bool
         The data phase reached its deadline.
+    budget_missed : bool
+        Agreed: more than the call's ``loss_budget`` was missing (the engine's one rule,
+        ``ud_transport._native.budget_missed``). Only a call made with ``on_miss="return"``
+        returns with it set; otherwise a miss raises LossBudgetExceeded, whose ``.stats`` has it.
     in_place : bool
         An allreduce that summed in the caller's tensor (at least ``Options.in_place_min_bytes``),
         not in the scratch.
@@ -178,6 +182,7 @@ class CollectiveStats:
     mismatched_rank: int
     stripes: int
     stripes_vetoed: int
+    budget_missed: bool = False
     collective: str = ""
     algorithm: str = ""
     transport: str = ""
@@ -223,6 +228,7 @@ class CollectiveStats:
         values = {k: v for k, v in raw.items() if k in names}
         values["deadline_expired"] = bool(values["deadline_expired"])
         values["in_place"] = bool(values["in_place"])
+        values["budget_missed"] = bool(values.get("budget_missed", 0))
         return cls(**values, **labels)
 
 
