@@ -255,43 +255,28 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->receive_calls_before = comm->transport->counter_receive_calls;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        peer->credit_limit = 0;
-        peer->credit_ceiling = 0;
-        peer->chunks_queued = 0;
-        peer->credit_base = 0;
-        peer->heard = (peer->early_credit_valid && peer->early_credit_sequence == c->sequence) ||
-                      (peer->early_join_valid && peer->early_join_sequence == c->sequence);
+        memset(&peer->in_call, 0, sizeof peer->in_call);
+        /* it may have spoken already: a credit or a JOIN of this call came before we started */
+        peer->in_call.heard = (peer->early_credit_valid && peer->early_credit_sequence == c->sequence) ||
+                              (peer->early_join_valid && peer->early_join_sequence == c->sequence);
         peer->early_join_valid = 0;
-        peer->last_heard_ns = peer->heard ? now : 0;
-        peer->join_requests = 0;
-        peer->join_request_ns = now + udt_join_request_interval(comm, 0); /* data and credits may show it first */
-        c->heard_count += peer->heard && p != c->rank;
-        peer->granted = 0;
-        peer->granted_at_ns = 0;
-        peer->arrived_since_grant = 0;
-        peer->highest_step_seen = 0;
-        peer->sent_steps = 0;
-        peer->reported_sent = 0;
-        peer->reported_at_ns = 0;
-        peer->finished = 0;
-        peer->port_closed = 0;
-        peer->verdict_attempts = 0;
-        peer->acks_asked = 0;
-        peer->verdict_resend_ns = 0;
+        peer->in_call.last_heard_ns = peer->in_call.heard ? now : 0;
+        peer->in_call.join_request_ns = now + udt_join_request_interval(comm, 0); /* data and credits may show it first */
+        c->heard_count += peer->in_call.heard && p != c->rank;
     }
     int rc = prepare(comm, c);
     if (rc != UDT_OK)
         return rc;
     for (uint32_t g = 0; g < c->schedule.steps; g++)
         if (c->step[g].send_peer != UDT_NO_PEER)
-            comm->peers[c->step[g].send_peer].credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
+            comm->peers[c->step[g].send_peer].in_call.credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (!peer->early_credit_valid || peer->early_credit_sequence != c->sequence)
             continue;
         peer->early_credit_valid = 0;
-        if (peer->early_credit_layout == c->layout_tag && peer->early_credit <= peer->credit_ceiling)
-            peer->credit_limit = peer->early_credit;
+        if (peer->early_credit_layout == c->layout_tag && peer->early_credit <= peer->in_call.credit_ceiling)
+            peer->in_call.credit_limit = peer->early_credit;
         else
             stats->dropped_invalid++; /* checked now that the call's schedule is known */
     }
@@ -386,7 +371,7 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
             udt_close_all_steps(c);
             c->send_step = c->schedule.steps;
             for (uint32_t p = 0; p < c->n; p++) /* what was not sent never will be: a JOIN says so */
-                comm->peers[p].sent_steps = c->schedule.steps;
+                comm->peers[p].in_call.sent_steps = c->schedule.steps;
         }
         progressed |= udt_close_ready_steps(c, now);
         if ((rc = udt_send_some(c)) < 0)

@@ -36,10 +36,10 @@ int udt_regrant(struct call *c, uint64_t now)
     c->regrant_due = 0;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
-        if (p == c->rank || !peer->granted || peer->arrived_since_grant < arrivals_per_regrant(c))
+        if (p == c->rank || !peer->in_call.granted || peer->in_call.arrived_since_grant < arrivals_per_regrant(c))
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);
-        credit.credit = peer->granted;
+        credit.credit = peer->in_call.granted;
         credit.copies = CREDIT_COPIES;
         int rc = udt_send_control(c, p, &credit);
         if (rc < 0)
@@ -49,8 +49,8 @@ int udt_regrant(struct call *c, uint64_t now)
             c->credits_dirty = 1;
             continue;
         }
-        peer->granted_at_ns = now;
-        peer->arrived_since_grant = 0;
+        peer->in_call.granted_at_ns = now;
+        peer->in_call.arrived_since_grant = 0;
     }
     return 0;
 }
@@ -60,7 +60,7 @@ int udt_regrant(struct call *c, uint64_t now)
 static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
 {
     struct peer_state *p = &comm->peers[peer];
-    if (c->copies > 1 && ++p->arrived_since_grant >= arrivals_per_regrant(c) && p->granted) {
+    if (c->copies > 1 && ++p->in_call.arrived_since_grant >= arrivals_per_regrant(c) && p->in_call.granted) {
         c->regrant_due = 1;
         c->credits_dirty = 1;
     }
@@ -109,9 +109,9 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
     }
     for (int i = 0; i < touched_count; i++) {
         struct peer_state *peer = &comm->peers[touched[i]];
-        uint32_t grant = peer->wanted > peer->granted ? peer->wanted : peer->granted;
-        int grew = grant >= peer->granted + c->window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->granted && peer->granted == 0);
-        if (!force && !grew && now - peer->granted_at_ns < refresh)
+        uint32_t grant = peer->wanted > peer->in_call.granted ? peer->wanted : peer->in_call.granted;
+        int grew = grant >= peer->in_call.granted + c->window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
+        if (!force && !grew && now - peer->in_call.granted_at_ns < refresh)
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);
         credit.credit = grant;
@@ -123,9 +123,9 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
             c->credits_dirty = 1;
             continue;
         }
-        peer->granted = grant;
-        peer->granted_at_ns = now;
-        peer->arrived_since_grant = 0;
+        peer->in_call.granted = grant;
+        peer->in_call.granted_at_ns = now;
+        peer->in_call.arrived_since_grant = 0;
     }
     return udt_regrant(c, now);
 }
@@ -160,7 +160,7 @@ static int flush(struct call *c, struct send_batch *b)
     c->stats->datagrams_sent += (uint64_t)sent;
     for (int i = b->n - 1; i >= sent; i--) {
         c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in position order */
-        udt_comm_of(c)->peers[b->items[i].peer].chunks_queued--;
+        udt_comm_of(c)->peers[b->items[i].peer].in_call.chunks_queued--;
     }
     int taken = sent;
     b->n = 0;
@@ -189,7 +189,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         /* a credit is a position, and covers at most a window beyond what we had sent
          * when it came: a forged credit cannot make us overrun the receiver by more
          * (a later copy's position was credited for the first; it counts against the window) */
-        if (g * c->max_chunks + chunk >= peer->credit_limit || peer->chunks_queued >= peer->credit_base + c->window_chunks) {
+        if (g * c->max_chunks + chunk >= peer->in_call.credit_limit || peer->in_call.chunks_queued >= peer->in_call.credit_base + c->window_chunks) {
             c->stats->credit_stalls++;
             break;
         }
@@ -221,7 +221,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
                                                 .payload_bytes = h.payload_bytes};
         b->step[b->n] = g;
         b->chunk[b->n++] = position;
-        peer->chunks_queued++;
+        peer->in_call.chunks_queued++;
     }
     state->sent_chunk = position;
     return position >= end;
@@ -231,7 +231,7 @@ static void mark_sent(struct call *c, uint32_t g)
 {
     c->state[g].send_done = 1;
     if (c->step[g].send_peer != UDT_NO_PEER) /* to one receiver, steps go out in order */
-        udt_comm_of(c)->peers[c->step[g].send_peer].sent_steps = g + 1;
+        udt_comm_of(c)->peers[c->step[g].send_peer].in_call.sent_steps = g + 1;
     while (c->send_step < c->schedule.steps && c->state[c->send_step].send_done)
         c->send_step++;
 }
@@ -253,7 +253,7 @@ int udt_send_some(struct call *c)
         struct step_state *state = &c->state[g];
         if (state->send_done)
             continue;
-        if (step->send_peer == UDT_NO_PEER || comm->peers[step->send_peer].finished) {
+        if (step->send_peer == UDT_NO_PEER || comm->peers[step->send_peer].in_call.finished) {
             mark_sent(c, g); /* nothing to send, or the receiver is done with this call */
             progressed = 1;
             continue;
@@ -405,7 +405,7 @@ static enum admission admit_credit(const struct call *c, const struct udt_comm *
         return ADMIT;
     if (h->sequence != c->sequence)
         return DROP_QUIET; /* a refresh of an earlier call's credit */
-    if (h->layout_tag != c->layout_tag || h->credit > comm->peers[peer].credit_ceiling)
+    if (h->layout_tag != c->layout_tag || h->credit > comm->peers[peer].in_call.credit_ceiling)
         return DROP_INVALID;
     return ADMIT;
 }
@@ -425,9 +425,9 @@ void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_
     struct peer_state *p = &comm->peers[peer];
     udt_hear(c, comm, peer, now); /* in this call, or already in the next */
     if (h->sequence == c->sequence) {
-        if (h->credit >= p->credit_limit) {
-            p->credit_limit = h->credit;
-            p->credit_base = p->chunks_queued;
+        if (h->credit >= p->in_call.credit_limit) {
+            p->in_call.credit_limit = h->credit;
+            p->in_call.credit_base = p->in_call.chunks_queued;
         }
     } else {
         /* the peer started the next call already: keep its credit for then */

@@ -60,32 +60,41 @@ struct verdict_slot {
     uint8_t payload[UDT_VERDICT_BYTES];
 };
 
-struct peer_state {
-    /* this call */
+/* A peer as this rank sees it during one call: reset whole when a call starts. */
+struct peer_in_call {
+    /* credits (data.c) */
     uint32_t credit_limit;   /* we may send it positions below this */
     uint32_t credit_ceiling; /* end of our last send step to it: no valid credit is higher */
     uint32_t chunks_queued;  /* chunks handed to the transport for it */
     uint32_t credit_base;    /* chunks_queued when its last credit came: a credit covers at most a window more */
     uint32_t granted;        /* the last credit we sent it */
-    uint32_t arrived_since_grant; /* its data that came since that credit (see regrant) */
-    uint32_t wanted;         /* scratch of grant_credits */
-    uint32_t wanted_epoch;
+    uint32_t arrived_since_grant; /* its data that came since that credit (see udt_regrant) */
     uint64_t granted_at_ns;
+    /* how far the steps between us have come (liveness.c) */
     uint32_t highest_step_seen; /* +1, of data or END it sent us */
     uint32_t sent_steps;        /* ours to it: it gets nothing more of our steps below this (JOIN carries it) */
     uint32_t reported_sent;     /* its to us, as its last JOIN said: nothing more comes of steps below this */
     uint64_t reported_at_ns;    /* when that report last moved */
+    /* whether it is in the call and alive (liveness.c) */
     uint8_t heard;              /* anything valid from it during this call: it is in the call */
-    uint8_t port_closed;        /* this call: its port was seen closed, by us or by a peer whose verdict says so */
+    uint8_t port_closed;        /* its port was seen closed, by us or by a peer whose verdict says so */
     uint64_t last_heard_ns;
-    uint64_t join_request_ns;  /* when to ask it again whether it is in the call */
-    uint32_t join_requests;    /* asked so far (the interval doubles) */
+    uint64_t join_request_ns;   /* when to ask it again whether it is in the call */
+    uint32_t join_requests;     /* asked so far (the interval doubles) */
+    /* the verdict round (verdict.c) */
     uint8_t finished;           /* its verdict came: it sends us nothing more */
     uint64_t finished_at_ns;
     uint32_t verdict_attempts;
     uint32_t acks_asked;        /* copies of our verdict sent to it since we decided, its acknowledgement missing */
-    uint32_t send_blocked_epoch; /* scratch of send_some */
     uint64_t verdict_resend_ns;
+};
+
+struct peer_state {
+    struct peer_in_call in_call;
+    /* scratch of udt_grant_credits and udt_send_some, stamped with the communicator's epochs */
+    uint32_t wanted;
+    uint32_t wanted_epoch;
+    uint32_t send_blocked_epoch;
     /* kept between calls */
     uint64_t alive_ns;          /* the last datagram of this session from it, of any call */
     uint64_t bounced_ns;        /* the last ICMP port unreachable quoting our datagram to it */

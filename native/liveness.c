@@ -21,12 +21,12 @@ void udt_set_deadlines(struct call *c, uint64_t from, double seconds)
 void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
 {
     struct peer_state *p = &comm->peers[peer];
-    p->last_heard_ns = now;
-    if (p->heard || peer == c->rank)
+    p->in_call.last_heard_ns = now;
+    if (p->in_call.heard || peer == c->rank)
         return;
-    p->heard = 1;
-    p->join_requests = 0; /* from now on requests are liveness probes, starting again at the first interval */
-    p->join_request_ns = 0;
+    p->in_call.heard = 1;
+    p->in_call.join_requests = 0; /* from now on requests are liveness probes, starting again at the first interval */
+    p->in_call.join_request_ns = 0;
     if (++c->heard_count == c->n - 1 && !c->all_heard_ns) {
         c->all_heard_ns = now;
         c->stats->join_wait_s = (double)(now - c->start_ns) * 1e-9;
@@ -84,17 +84,17 @@ int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_hea
         udt_hear(c, comm, peer, now);
         if (h->layout_tag != c->layout_tag && c->mismatched_rank < 0)
             c->mismatched_rank = (int32_t)peer; /* it called something else: the data phase ends (see udt_call_progress) */
-        if (h->credit > p->reported_sent) {
-            p->reported_sent = h->credit;
-            p->reported_at_ns = now;
+        if (h->credit > p->in_call.reported_sent) {
+            p->in_call.reported_sent = h->credit;
+            p->in_call.reported_at_ns = now;
         }
         if (!request) { /* it answers, so it is alive: while we wait on it, ask every 16 intervals at most */
-            if (p->join_requests > LIVE_SENDER_ASK_DOUBLINGS)
-                p->join_requests = LIVE_SENDER_ASK_DOUBLINGS;
-            p->join_request_ns = now + udt_join_request_interval(comm, p->join_requests);
+            if (p->in_call.join_requests > LIVE_SENDER_ASK_DOUBLINGS)
+                p->in_call.join_requests = LIVE_SENDER_ASK_DOUBLINGS;
+            p->in_call.join_request_ns = now + udt_join_request_interval(comm, p->in_call.join_requests);
             return 0;
         }
-        return send_join(c, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY, p->sent_steps);
+        return send_join(c, peer, c->sequence, c->layout_tag, UDT_JOIN_REPLY, p->in_call.sent_steps);
     }
     if (h->sequence == c->sequence + 1) { /* it is in our next call (not taken as an acknowledgement: see on_credit) */
         p->early_join_sequence = h->sequence;
@@ -110,14 +110,14 @@ int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_hea
 static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
 {
     struct peer_state *p = &comm->peers[peer];
-    if (!p->join_request_ns) /* a probe: give the sender a moment to show itself first */
-        p->join_request_ns = now + udt_join_request_interval(comm, 0);
-    if (now < p->join_request_ns)
+    if (!p->in_call.join_request_ns) /* a probe: give the sender a moment to show itself first */
+        p->in_call.join_request_ns = now + udt_join_request_interval(comm, 0);
+    if (now < p->in_call.join_request_ns)
         return 0;
-    int rc = send_join(c, peer, c->sequence, c->layout_tag, 0, p->sent_steps);
+    int rc = send_join(c, peer, c->sequence, c->layout_tag, 0, p->in_call.sent_steps);
     if (rc < 0)
         return rc;
-    p->join_request_ns = now + udt_join_request_interval(comm, p->join_requests++);
+    p->in_call.join_request_ns = now + udt_join_request_interval(comm, p->in_call.join_requests++);
     return 1;
 }
 
@@ -129,14 +129,14 @@ int udt_request_joins(struct call *c, struct udt_comm *comm, uint64_t now)
     uint64_t due = UINT64_MAX;
     int progressed = 0;
     for (uint32_t p = 0; p < c->n; p++) {
-        if (p == c->rank || comm->peers[p].heard)
+        if (p == c->rank || comm->peers[p].in_call.heard)
             continue;
         int rc = request_join(c, comm, p, now);
         if (rc < 0)
             return rc;
         progressed |= rc;
-        if (comm->peers[p].join_request_ns < due)
-            due = comm->peers[p].join_request_ns;
+        if (comm->peers[p].in_call.join_request_ns < due)
+            due = comm->peers[p].in_call.join_request_ns;
     }
     c->join_request_due_ns = due;
     return progressed;
@@ -146,8 +146,8 @@ void udt_note_peer_step(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 {
     struct peer_state *p = &comm->peers[peer];
     udt_hear(c, comm, peer, now);
-    if (step + 1 > p->highest_step_seen)
-        p->highest_step_seen = step + 1; /* a sender goes through its steps in order */
+    if (step + 1 > p->in_call.highest_step_seen)
+        p->in_call.highest_step_seen = step + 1; /* a sender goes through its steps in order */
 }
 
 void udt_set_step_deadline(struct call *c, uint64_t now)
@@ -218,7 +218,7 @@ static uint64_t ask_due_ns(const struct call *c, const struct udt_comm *comm)
         return UINT64_MAX;
     uint32_t g = c->recv_step;
     int32_t p = c->step[g].recv_peer;
-    if (p == UDT_NO_PEER || c->state[g].expected == 0 || comm->peers[p].reported_sent > g || comm->peers[p].finished)
+    if (p == UDT_NO_PEER || c->state[g].expected == 0 || comm->peers[p].in_call.reported_sent > g || comm->peers[p].in_call.finished)
         return UINT64_MAX;
     uint64_t due = c->all_heard_ns ? c->step_deadline_ns : UINT64_MAX;
     uint64_t quiet_since = step_quiet_since(c, g);
@@ -237,7 +237,7 @@ int udt_ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now)
 /* When the sender of step g said, in a JOIN, that it sends nothing more of it (0: it did not). */
 static uint64_t reported_end_ns(const struct call *c, const struct peer_state *peer, uint32_t g)
 {
-    return peer->reported_sent > g ? peer->reported_at_ns : 0;
+    return peer->in_call.reported_sent > g ? peer->in_call.reported_at_ns : 0;
 }
 
 /* Close the lowest open receive steps that are complete, ended (END marker,
@@ -261,10 +261,10 @@ int udt_close_ready_steps(struct call *c, uint64_t now)
         uint64_t announced_at = announced_end_ns(s), reported_at = empty ? 0 : reported_end_ns(c, peer, g);
         int ended = !empty && ((s->end_seen_ns && now - s->end_seen_ns >= udt_us(o->reorder_grace_us)) ||
                                (announced_at && now - announced_at >= udt_us(o->reorder_grace_us)) ||
-                               (peer->finished && now - peer->finished_at_ns >= udt_us(o->reorder_grace_us)));
+                               (peer->in_call.finished && now - peer->in_call.finished_at_ns >= udt_us(o->reorder_grace_us)));
         int answered = reported_at && now - reported_at >= udt_us(o->reorder_grace_us);
         /* the sender already sends us a later step: all of this one that will come, came */
-        int superseded = !empty && peer->highest_step_seen > g + 1;
+        int superseded = !empty && peer->in_call.highest_step_seen > g + 1;
         if (!empty && !complete && !ended && !answered && !superseded)
             break;
         if (!empty && !complete)
@@ -289,7 +289,7 @@ uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64
     int32_t p = c->step[c->recv_step].recv_peer;
     /* one rule, one place: the sleep and the asking use the same due time */
     uint64_t ask_due = ask_due_ns(c, comm);
-    uint64_t due = now >= ask_due ? comm->peers[p].join_request_ns : ask_due;
+    uint64_t due = now >= ask_due ? comm->peers[p].in_call.join_request_ns : ask_due;
     if (due < wake)
         wake = due;
     /* A credit goes out no sooner than the next walk (grant_credits waits a refresh interval
@@ -301,7 +301,7 @@ uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64
         int32_t q = c->step[g].recv_peer;
         if (q == UDT_NO_PEER || c->state[g].closed)
             continue;
-        uint64_t since = comm->peers[q].granted_at_ns > c->credits_walked_ns ? comm->peers[q].granted_at_ns : c->credits_walked_ns;
+        uint64_t since = comm->peers[q].in_call.granted_at_ns > c->credits_walked_ns ? comm->peers[q].in_call.granted_at_ns : c->credits_walked_ns;
         uint64_t refresh = since + udt_us(comm->options.credit_refresh_us);
         if (refresh < wake)
             wake = refresh;
@@ -311,8 +311,8 @@ uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64
         wake = s->end_seen_ns + grace;
     if (announced_end_ns(s) && announced_end_ns(s) + grace < wake)
         wake = announced_end_ns(s) + grace;
-    if (p != UDT_NO_PEER && comm->peers[p].finished && comm->peers[p].finished_at_ns + grace < wake)
-        wake = comm->peers[p].finished_at_ns + grace;
+    if (p != UDT_NO_PEER && comm->peers[p].in_call.finished && comm->peers[p].in_call.finished_at_ns + grace < wake)
+        wake = comm->peers[p].in_call.finished_at_ns + grace;
     uint64_t reported_at = p != UDT_NO_PEER ? reported_end_ns(c, &comm->peers[p], c->recv_step) : 0;
     if (reported_at && reported_at + grace < wake)
         wake = reported_at + grace;
@@ -333,9 +333,9 @@ void udt_mark_quotes(struct udt_comm *comm)
 
 void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer)
 {
-    if (peer >= c->n || peer == c->rank || comm->peers[peer].port_closed)
+    if (peer >= c->n || peer == c->rank || comm->peers[peer].in_call.port_closed)
         return;
-    comm->peers[peer].port_closed = 1;
+    comm->peers[peer].in_call.port_closed = 1;
     c->ports_closed++;
 }
 

@@ -90,9 +90,9 @@ static void mark_finished(struct call *c, struct udt_comm *comm, uint32_t peer, 
 {
     struct peer_state *p = &comm->peers[peer];
     udt_hear(c, comm, peer, now);
-    if (!p->finished) {
-        p->finished = 1; /* its data phase is over: it sends us nothing more */
-        p->finished_at_ns = now;
+    if (!p->in_call.finished) {
+        p->in_call.finished = 1; /* its data phase is over: it sends us nothing more */
+        p->in_call.finished_at_ns = now;
     }
 }
 
@@ -153,12 +153,12 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
     uint32_t absent = CAUSE_NONE;
     if (!c->all_heard_ns && now >= c->deadline_ns)
         for (uint32_t p = 0; p < c->n; p++)
-            if (p != c->rank && !comm->peers[p].heard)
+            if (p != c->rank && !comm->peers[p].in_call.heard)
                 absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
     /* a closed port we saw is named in the first copy of our verdict, so that every rank that
      * combines it fails alike (evidence seen after this is combined where we decide) */
     for (uint32_t p = 0; p < c->n && c->ports_closed; p++)
-        if (comm->peers[p].port_closed && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
+        if (comm->peers[p].in_call.port_closed && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
             absent = udt_cause_max(absent, CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | CAUSE_PORT_CLOSED);
     struct udt_verdict mine = {
         .cause = absent,
@@ -171,7 +171,7 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
     c->phase = PHASE_VERDICT;
     c->verdict_started_ns = now;
     for (uint32_t p = 0; p < c->n; p++)
-        comm->peers[p].verdict_resend_ns = now; /* everyone is due at once */
+        comm->peers[p].in_call.verdict_resend_ns = now; /* everyone is due at once */
     c->verdict_resend_due_ns = now;
 }
 
@@ -290,7 +290,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         if (!(slot->flags & VERDICT_GOT)) {
-            uint32_t silent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | (comm->peers[p].port_closed ? CAUSE_PORT_CLOSED : 0);
+            uint32_t silent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | (comm->peers[p].in_call.port_closed ? CAUSE_PORT_CLOSED : 0);
             combined.cause = udt_cause_max(combined.cause, silent);
             continue;
         }
@@ -331,7 +331,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
         else if (blamed < c->n && (slot_for(comm, blamed, c->sequence)->flags & VERDICT_GOT))
             udt_error_check(&comm->error, "rank %u came late to the call or its verdict reached a peer too late: that "
                             "peer stopped waiting for it", blamed);
-        else if (blamed < c->n && comm->peers[blamed].heard)
+        else if (blamed < c->n && comm->peers[blamed].in_call.heard)
             udt_error_check(&comm->error, "rank %u went silent in the call: no verdict within the %.3f s deadline",
                      blamed, c->args.deadline_s);
         else
@@ -387,10 +387,10 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
         if (p == c->rank)
             continue;
         struct peer_state *peer = &comm->peers[p];
-        if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || left_after_its_verdict(c, comm, p) || peer->port_closed)
+        if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || left_after_its_verdict(c, comm, p) || peer->in_call.port_closed)
             continue;
-        uint64_t quiet_since = peer->last_heard_ns > c->decided_ns ? peer->last_heard_ns : c->decided_ns;
-        if (peer->acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
+        uint64_t quiet_since = peer->in_call.last_heard_ns > c->decided_ns ? peer->in_call.last_heard_ns : c->decided_ns;
+        if (peer->in_call.acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
             return 0;
     }
     return 1;
@@ -403,7 +403,7 @@ static int all_but_closed_answered(const struct call *c, const struct udt_comm *
     if (!c->ports_closed)
         return 0;
     for (uint32_t p = 0; p < c->n; p++)
-        if (p != c->rank && !comm->peers[p].port_closed && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
+        if (p != c->rank && !comm->peers[p].in_call.port_closed && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
             return 0;
     return 1;
 }
@@ -418,10 +418,10 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         /* from now on only acknowledgements are missing: ask for them soon */
         uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
         for (uint32_t p = 0; p < c->n; p++) {
-            if (comm->peers[p].verdict_attempts > 1)
-                comm->peers[p].verdict_attempts = 1;
-            if (comm->peers[p].verdict_resend_ns > soon)
-                comm->peers[p].verdict_resend_ns = soon;
+            if (comm->peers[p].in_call.verdict_attempts > 1)
+                comm->peers[p].in_call.verdict_attempts = 1;
+            if (comm->peers[p].in_call.verdict_resend_ns > soon)
+                comm->peers[p].in_call.verdict_resend_ns = soon;
         }
         if (c->verdict_resend_due_ns > soon)
             c->verdict_resend_due_ns = soon;
@@ -458,18 +458,18 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         if (((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED)) || left_after_its_verdict(c, comm, p))
             continue;
-        if (now >= peer->verdict_resend_ns) {
+        if (now >= peer->in_call.verdict_resend_ns) {
             uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;
             int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, flags);
             if (rc < 0)
                 return rc;
-            c->verdict_resends += peer->verdict_attempts > 0;
-            peer->acks_asked += c->decided;
-            peer->verdict_resend_ns = now + resend_interval(comm, peer->verdict_attempts++, flags & UDT_AGREE_HAVE_YOURS);
+            c->verdict_resends += peer->in_call.verdict_attempts > 0;
+            peer->in_call.acks_asked += c->decided;
+            peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, flags & UDT_AGREE_HAVE_YOURS);
             progressed = 1;
         }
-        if (peer->verdict_resend_ns < due)
-            due = peer->verdict_resend_ns;
+        if (peer->in_call.verdict_resend_ns < due)
+            due = peer->in_call.verdict_resend_ns;
     }
     c->verdict_resend_due_ns = due;
     if (due < next)
