@@ -18,9 +18,11 @@ from torch.distributed import distributed_c10d as c10d
 import ud_transport
 import ud_transport.torch as udt
 
-BIG = 4 << 20          # float32 or int32 elements: 16 MiB, a call that lasts past the kill
+# float32 or int32 elements: 64 MiB, a call that lasts well past the kill (at 16 MiB and 20 ms a
+# rank had received up to 21 of the 24 MB a ring of 4 brings it, on a quiet 2-core machine)
+BIG = 16 << 20
 JOIN_AFTER_S = 0.3     # the victim comes last: the others are in the call when it dies
-DIE_AFTER_S = 0.02     # after the victim issued the call
+DIE_AFTER_S = 0.05     # after the victim issued the call: it has joined, data is moving
 GROUP_TIMEOUT_S = 30.0  # the join timeout: a survivor that waited it out took the slow way
 
 
@@ -41,9 +43,15 @@ def default_ud_group(comm, port, tag, **options):
             dist.destroy_process_group()
 
 
-def die_soon(seconds):
-    """SIGKILL this process `seconds` from now, as a crash would end it."""
-    threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+def die_soon(seconds, note=None):
+    """SIGKILL this process `seconds` from now, as a crash would end it; `note` (a store, key) is
+    set to the moment (time.monotonic(), one clock for every process of the machine) first."""
+    def die():
+        if note is not None:
+            note[0].set(note[1], repr(time.monotonic()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Timer(seconds, die).start()
 
 
 def collective_input(kind, fill, count):
@@ -56,6 +64,16 @@ def outcome_of(error):
     if error is None:
         return "OK", None, ""
     return type(error).__name__, getattr(error, "rank", None), str(error)
+
+
+def all_joined(error):
+    """Whether every rank had joined the failed engine call (its data phase had begun: the
+    victim died in the call, not before it): the join wait ended before the call did."""
+    stats = getattr(error, "stats", None)
+    if stats is None:
+        return False, None
+    return stats.join_wait_s < stats.elapsed_s - 1e-3, {name: getattr(stats, name) for name in (
+        "join_wait_s", "elapsed_s", "agree_s", "output_s", "datagrams_received")}
 
 
 def exact_sums(group, fills):
@@ -72,39 +90,43 @@ def exact_sums(group, fills):
 
 def kill_and_shrink(comm, port, tag, victims, algorithm, kind):
     """On a default "ud" group of every rank: for each victim (a rank of the group as it is at
-    that stage), every rank enters a 16 MiB allreduce, the victim last, and the victim dies
-    20 ms into it; the others record their error and shrink the default group without it
+    that stage), every rank enters a 64 MiB allreduce, the victim last, and the victim dies
+    50 ms into it; the others record their error and shrink the default group without it
     (shrink_group). At the end the survivors check exact sums on the group left.
 
     Returns, on a survivor: {"stages": [(outcome, seconds in the call, tensor unchanged?,
-    seconds the shrink took, rank after, size after)], "ranks": get_process_group_ranks of the
+    seconds the shrink took, rank after, size after, all_joined(error), seconds from the kill to
+    the call's end)], "ranks": get_process_group_ranks of the
     final default group, "sums": exact_sums(...), "backend": its backend name}."""
     fills = list(range(1, comm.world_size + 1))  # fills[rank]: a rank's contribution, by its first rank
     stages = []
+    deaths = dist.PrefixStore(f"{tag}/deaths", store(port))
     with default_ud_group(comm, port, tag, deadline=5.0, algorithm=algorithm, loss_budget=0.1):
         dist.barrier()
-        for victim in victims:
+        for stage, victim in enumerate(victims):
             rank = dist.get_rank()
             tensor = collective_input(kind, fills[rank], BIG)
             original = tensor.clone()
             if rank == victim:
                 time.sleep(JOIN_AFTER_S)
-                die_soon(DIE_AFTER_S)
+                die_soon(DIE_AFTER_S, (deaths, str(stage)))
             start = time.monotonic()
             try:
                 dist.all_reduce(tensor)
                 error = None
             except Exception as caught:  # noqa: BLE001 - the test reads what it was
                 error = caught
-            elapsed = time.monotonic() - start
+            ended = time.monotonic()
+            elapsed = ended - start
             if rank == victim:
                 time.sleep(60)  # reached only if the call ended before the kill: the others then see no error
+            after_kill = ended - float(deaths.get(str(stage)).decode())
             start = time.monotonic()
             group = dist.shrink_group([victim])
             shrink_s = time.monotonic() - start
             fills = fills[:victim] + fills[victim + 1:]
             stages.append((outcome_of(error), elapsed, bool(torch.equal(tensor, original)), shrink_s,
-                           dist.get_rank(), dist.get_world_size()))
+                           dist.get_rank(), dist.get_world_size(), all_joined(error), after_kill))
             assert group is c10d._get_default_group()
         return {"stages": stages, "ranks": dist.get_process_group_ranks(dist.group.WORLD),
                 "sums": exact_sums(None, fills), "backend": dist.get_backend()}

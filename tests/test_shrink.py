@@ -59,8 +59,12 @@ def check_stages(by_rank, world, victims_by_stage):
         dead = first_ranks.pop(victim)
         survivors = [rank for rank in by_rank]
         outcomes = {rank: by_rank[rank]["stages"][stage] for rank in survivors}
-        for rank, ((name, blamed, message), elapsed, unchanged, shrink_s, rank_after, size_after) in outcomes.items():
+        for rank, ((name, blamed, message), elapsed, unchanged, shrink_s, rank_after, size_after, (joined, times),
+                   after_kill) in outcomes.items():
             assert (name, blamed) == ("PeerTimeout", victim), f"stage {stage}, rank {rank}: {name} {blamed} {message}"
+            assert joined, f"stage {stage}, rank {rank}: the victim died before it joined the call: {times}"
+            assert 0 < after_kill < DEADLINE + 1.0, f"stage {stage}, rank {rank}: the call ended {after_kill:.3f} s " \
+                                                    "after the kill"
             assert "gone" in message, f"stage {stage}, rank {rank}: {message}"  # its port closed, not a timeout
             assert elapsed < CALL_BOUND_S, f"stage {stage}, rank {rank}: the call took {elapsed:.2f} s"
             assert unchanged, f"stage {stage}, rank {rank}: the tensor changed on error"
