@@ -97,7 +97,8 @@ def kill_and_shrink(comm, port, tag, victims, algorithm, kind):
     Returns, on a survivor: {"stages": [(outcome, seconds in the call, tensor unchanged?,
     seconds the shrink took, rank after, size after, all_joined(error), seconds from the kill to
     the call's end)], "ranks": get_process_group_ranks of the
-    final default group, "sums": exact_sums(...), "backend": its backend name}."""
+    final default group, "sums": exact_sums(...) on it, then on a new_group made after the shrink,
+    "backend": its backend name}."""
     fills = list(range(1, comm.world_size + 1))  # fills[rank]: a rank's contribution, by its first rank
     stages = []
     deaths = dist.PrefixStore(f"{tag}/deaths", store(port))
@@ -128,8 +129,10 @@ def kill_and_shrink(comm, port, tag, victims, algorithm, kind):
             stages.append((outcome_of(error), elapsed, bool(torch.equal(tensor, original)), shrink_s,
                            dist.get_rank(), dist.get_world_size(), all_joined(error), after_kill))
             assert group is c10d._get_default_group()
+        sums = exact_sums(None, fills)
+        later = dist.new_group(backend="ud")  # a group made after the shrink, of the survivors
         return {"stages": stages, "ranks": dist.get_process_group_ranks(dist.group.WORLD),
-                "sums": exact_sums(None, fills), "backend": dist.get_backend()}
+                "sums": sums + exact_sums(later, fills), "backend": dist.get_backend()}
 
 
 def shrink_a_subgroup_twice(comm, port, tag):
@@ -188,6 +191,10 @@ def refusals(comm, port, tag):
         alone = dist.new_group([0], backend="ud")
         if dist.get_rank() == 0:
             attempt("a group of one", [0], group=alone)
+        sub = dist.new_group(backend="ud")
+        if dist.get_rank() != 2:  # rank 2, excluded, stays out
+            dist.shrink_group([2], group=sub)
+            attempt("a group already shrunk", [2], group=sub)  # torch destroyed it: its store is let go
         out["still works"] = exact_sums(None, [1, 2, 3])
         out["backend refuses pg_options of another kind"] = _backend_shrink_refusal()
     return out

@@ -73,7 +73,8 @@ def check_stages(by_rank, world, victims_by_stage):
                 f"stage {stage}, first rank {rank} (rank {dead} died): now {rank_after} of {size_after}"
     for rank, result in by_rank.items():
         assert result["ranks"] == list(range(len(first_ranks))), f"rank {rank}: {result['ranks']}"
-        assert result["sums"] == (True, True), f"rank {rank}: exact sums on the shrunk group: {result['sums']}"
+        assert result["sums"] == (True,) * 4, f"rank {rank}: exact sums on the shrunk group, then on a group made " \
+                                              f"after it: {result['sums']}"
         assert result["backend"] == "ud"
 
 
@@ -126,7 +127,8 @@ def test_shrink_abort_ends_a_call_waiting_on_an_excluded_rank(store_port):
 
 def test_what_shrink_group_refuses_on_a_ud_group(store_port):
     """torch's own validation, reached on a "ud" group (before, every case raised "Cannot access
-    device backend": torch found no backend in it), and the backend's own check of pg_options."""
+    device backend": torch found no backend in it), the backend's own check of pg_options, and a
+    group shrunk once and shrunk again (torch destroyed it: RuntimeError, "shut down")."""
     per_rank = get_cluster(3).run(shrink_tasks.refusals, store_port, "refusals", timeout_s=240)
     for rank, out in enumerate(per_rank):
         assert out["every rank"][0] == "ValueError" and "Cannot exclude all 3 ranks" in out["every rank"][1], out
@@ -137,6 +139,8 @@ def test_what_shrink_group_refuses_on_a_ud_group(store_port):
         assert out["this rank"][0] == "RuntimeError" and "exclusion list" in out["this rank"][1]
         if rank == 0:
             assert out["a group of one"][0] == "ValueError" and "size 1" in out["a group of one"][1]
+        if rank != 2:
+            assert out["a group already shrunk"][0] == "RuntimeError" and "shut down" in out["a group already shrunk"][1]
         assert out["still works"] == (True, True)
         assert "BackendOptions" in out["backend refuses pg_options of another kind"]
 

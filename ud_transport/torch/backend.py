@@ -117,6 +117,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     raises a collective's error. send and recv are exact too, each (sender, receiver, tag) on a
     channel of its own (``ud_transport.torch.point_to_point``); a receive from any source takes the
     oldest message no receive has claimed (``recv_anysource``; ``work._source_rank()`` names it).
+    ``torch.distributed.shrink_group`` makes a group of the survivors after a rank dies
+    (``shrink``; docs/elastic.md).
 
     Parameters
     ----------
