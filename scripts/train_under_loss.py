@@ -2,7 +2,7 @@
 on local ranks, under injected packet loss, several ways, and compare the
 final validation perplexity with reliable Gloo:
 
-    python3 scripts/train_under_loss.py                    # the full table (README)
+    python3 scripts/train_under_loss.py                    # the full table (docs/performance/training_under_loss.md)
     python3 scripts/train_under_loss.py --quick --json r.json   # the short version the tests run
 
 Every arm starts from the same parameters and sees the same batches in the

@@ -43,7 +43,8 @@ MANY_RANKS = {
 TAIL_OWN, TAIL_GLOO = 1.5, 3.0  # ud p99 <= 1.5x its own p50; Gloo's p99 >= 3x ud's
 # ud's p99 at 1% loss over its p99 at one in a million on the same path (loss_veth1500 against
 # rules_veth1500): what the loss itself adds to the tail, which Gloo's luck with TCP timeouts
-# does not move (the README says why this is the better half of the tail target)
+# does not move (docs/performance/wire_targets.md, "What 1% loss costs", says why this is the
+# better half of the tail target)
 LOSS_TAIL_GROWTH = 1.1
 
 

@@ -1,6 +1,6 @@
 """One home for the environment: every UD_* variable the library reads is in
-ud_transport.environment.VARIABLES, each sets what the table says, and README's
-table is that table."""
+ud_transport.environment.VARIABLES, each sets what the table says, and the table in
+docs/configuration.md is that table."""
 import dataclasses
 import pathlib
 import re
@@ -38,9 +38,9 @@ def test_an_unlisted_name_is_refused():
         environment.read("UD_NO_SUCH")
 
 
-def test_the_readme_table_is_this_table():
-    readme = (ROOT / "README.md").read_text()
-    assert environment.markdown_table() in readme
+def test_the_documented_table_is_this_table():
+    documented = (ROOT / "docs" / "configuration.md").read_text()
+    assert environment.markdown_table() in documented
 
 
 def as_text(value):

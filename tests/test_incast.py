@@ -17,7 +17,7 @@ MIB = 1 << 20
 def test_the_default_window_is_a_number_of_datagrams_on_udp():
     assert Options().validate().window_bytes == 0
     assert WINDOW_DATAGRAMS < 256  # a veth's receive ring, the smallest in front of a rank here
-    assert credit_window_bytes(0, 1416, "verbs") == 16 * MIB  # verbs keeps its window (README)
+    assert credit_window_bytes(0, 1416, "verbs") == 16 * MIB  # verbs keeps its window (docs/semantics.md)
     assert credit_window_bytes(0, 1416) == WINDOW_DATAGRAMS * 1416
     assert credit_window_bytes(0, 65_464) == WINDOW_DATAGRAMS * 65_464  # loopback's largest: 12 MiB
     assert credit_window_bytes(3 * MIB, 1416) == 3 * MIB  # a window set by hand is kept

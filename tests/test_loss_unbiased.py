@@ -5,7 +5,7 @@ Two checks, both honest about what "unbiased" can mean:
 - fixed inputs that differ per rank: the mean over trials of the ranks'
   average result sits within a few standard errors of the true sum. (A single
   rank cannot be unbiased for fixed inputs: a rank that receives nothing can
-  only rescale its own input. The README explains.)
+  only rescale its own input. docs/semantics.md explains.)
 - inputs drawn afresh each trial, independently per rank, as gradients are:
   every rank's own result is unbiased.
 """

@@ -27,7 +27,7 @@ def agreed(*records):
 
 
 def test_ranks_sharing_a_machine_share_its_cores():
-    # the counts measured best on 16 cores (README, "Stripes"): 4 at 2 and 4 ranks, 2 at 8, 1 at 16
+    # the counts measured best on 16 cores (docs/performance/stripes.md): 4 at 2 and 4 ranks, 2 at 8, 1 at 16
     for ranks, expected in ((1, 4), (2, 4), (4, 4), (8, 2), (16, 1), (40, 1)):
         assert agreed(*[("m", SIXTEEN, None)] * ranks) == expected, ranks
     assert agreed(("m", [0, 1], None), ("m", [0, 1], None)) == 1  # this build machine at 2 ranks

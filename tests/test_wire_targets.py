@@ -1,5 +1,6 @@
-"""scripts/wire_targets.py judges its rows as the README says: ratios of the same runs, the tail
-target's two halves, and the loss-growth check (1% loss over one in a million on one path).
+"""scripts/wire_targets.py judges its rows as docs/performance/wire_targets.md says: ratios of the
+same runs, the tail target's two halves, and the loss-growth check (1% loss over one in a million
+on one path).
 Pure arithmetic on made-up rows and runs: the benchmark runs themselves are not repeated here."""
 import numpy as np
 import pytest

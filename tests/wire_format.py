@@ -1,5 +1,5 @@
 """An independent encoder of ud_transport's wire format, written from the
-specification in README (not from the C header), for tests that play a
+specification in docs/wire_format.md (not from the C header), for tests that play a
 stranger or a peer on the wire."""
 import struct
 

@@ -42,8 +42,8 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
         "auto" takes verbs when an RDMA port is active, else UDP (``UD_TRANSPORT`` overrides).
     **options
         Fields of ``ud_transport.Options``, e.g. ``chunk_bytes=``, ``deadline_cap_s=``,
-        ``inject=Bernoulli(0.1, seed=1)``; unset ones come from the environment (README,
-        "Environment variables"), then the defaults.
+        ``inject=Bernoulli(0.1, seed=1)``; unset ones come from the environment
+        (docs/configuration.md, "Environment variables"), then the defaults.
 
     Returns
     -------

@@ -40,6 +40,7 @@ UDP_RCVBUF_FORCED: int
 UDP_GSO_REFUSED: int
 UDP_DROPS_COUNTED: int
 UDP_PORTS_WATCHED: int
+UDP_PATH_MTU_IGNORED: int
 
 class NativeError(NamedTuple):  # an error of the C layer as values (native/error.h)
     message: str

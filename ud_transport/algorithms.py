@@ -8,9 +8,9 @@ owner and back: one hop per half, so a loss costs one contribution at one
 owner or one chunk at one receiver, whatever the world size.
 
 `auto` takes direct whenever there are more than two ranks (at two ranks the
-two schedules are the same exchange). The table behind this choice is in the
-README (`python -m ud_transport simulate` and `python -m ud_transport bench
---algorithm ring,direct` measure it)."""
+two schedules are the same exchange). The table behind this choice is in
+docs/algorithms.md, "Ring and direct" (`python -m ud_transport simulate` and
+`python -m ud_transport bench --algorithm ring,direct` measure it)."""
 from . import _native
 
 CODES = {"ring": _native.ALGORITHM_RING, "direct": _native.ALGORITHM_DIRECT}

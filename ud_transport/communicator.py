@@ -93,8 +93,8 @@ class Communicator:
     """One rank's endpoint of a group of ranks that run collectives over unreliable datagrams.
 
     Usually made by ``ud_transport.init()``. Collectives are serialized per communicator and
-    run in C with the GIL released; lost datagrams are never retransmitted (see README, "What a
-    call does, and what it promises").
+    run in C with the GIL released; lost datagrams are never retransmitted (see docs/semantics.md,
+    "When a datagram is lost").
 
     Parameters
     ----------

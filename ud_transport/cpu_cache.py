@@ -11,7 +11,7 @@ FALLBACK_BYTES = 32 << 20  # where the kernel does not say (not Linux, or no sys
 # shares are on AMD's EPYC parts with few cores and stacked cache (EPYC 7373X: 768 MiB for 16
 # cores, 24 MiB per thread; EPYC 72F3: 32 MiB per core, 16 per thread). A larger share is a host's
 # cache seen from a VM and shared with other tenants: the 2-vCPU build machine of 2026-11-26
-# lists 480 MiB, yet summing in place won there from 2 MiB up (docs/wire_measurements.md).
+# lists 480 MiB, yet summing in place won there from 2 MiB up (docs/performance/wire_measurements.md).
 MAX_CACHE_PER_CPU_BYTES = 32 << 20
 
 

@@ -1,7 +1,8 @@
 """Every environment variable ud_transport reads, in one table: its name, what it sets, its
 default and what it means. Options and the c10d backend take their variables from here,
-the rest of the library reads through `read`; README's "Environment variables" table is
-this one (tests/test_environment.py checks that, and that no other UD_* name is read).
+the rest of the library reads through `read`; the "Environment variables" table in
+docs/configuration.md is this one (tests/test_environment.py checks that, and that no other
+UD_* name is read).
 Keyword arguments win over the environment wherever both exist."""
 import os
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ def fields_of(target):
 
 
 def markdown_table():
-    """The README table."""
+    """The table in docs/configuration.md, "Environment variables"."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     rows += [f"| `{v.name}` | {f'`{v.default}`' if v.default else '(unset)'} | {v.meaning} |" for v in VARIABLES]
     return "\n".join(rows)

@@ -15,7 +15,8 @@ ALGORITHMS = ("auto", "ring", "direct")
 # The default credit window, in datagrams. Every datagram a rank is sent may sit in a receive ring
 # before the kernel's packet work runs: a veth's holds 256 packets, small NIC rings 256-512. With
 # 16 MiB in flight to a rank, three senders converging on it overflowed the veth ring behind a
-# bridge in 11 of 300 calls at 4 ranks (MTU 1500); with 185-192 datagrams, in none (README).
+# bridge in 11 of 300 calls at 4 ranks (MTU 1500); with 185-192 datagrams, in none
+# (docs/semantics.md, "No self-inflicted loss").
 WINDOW_DATAGRAMS = 192
 # On verbs the default stays 16 MiB: on the SoftRoCE rig 192 datagrams made 2-rank calls twice as
 # slow (1 MiB: 105 against 54 ms), and whether converging senders overflow a RoCE NIC cannot be
@@ -39,7 +40,7 @@ class Options:
     else these defaults.
 
     Each field's environment variable is the one ``ud_transport.environment.VARIABLES`` lists
-    for it (README, "Environment variables"); keyword arguments win over the environment.
+    for it (docs/configuration.md, "Environment variables"); keyword arguments win over the environment.
     ``options.build(**keywords)`` makes the Options ``init()`` uses.
 
     Attributes
@@ -52,7 +53,7 @@ class Options:
         Bytes all senders together may have in flight to this rank (its credit window). 0 takes
         ``WINDOW_DATAGRAMS`` (192) chunks on UDP, fewer packets than a veth's 256-entry receive
         ring or a NIC's smallest rings hold, so senders converging on one rank cannot overflow
-        them (README, "No self-inflicted loss"); on verbs, 16 MiB. On UDP it is lowered, with a warning,
+        them (docs/semantics.md, "No self-inflicted loss"); on verbs, 16 MiB. On UDP it is lowered, with a warning,
         to fit the receive buffer the kernel granted. ``UD_WINDOW_BYTES``.
     socket_buffer_bytes : int, default 67108864 (64 MiB)
         UDP send and receive buffer asked of the kernel. ``UD_SOCKET_BUFFER_BYTES``.
@@ -99,7 +100,7 @@ class Options:
         gives each rank one stripe per core of its fair share of its machine (the CPUs it may run
         on, shared evenly with the other ranks on the same kernel or LOCAL_WORLD_SIZE's, within
         its cgroup quota shared with the ranks under it), the
-        least over all ranks, at most 4 (``stripe_choice``; README, "Stripes"). 1 on the verbs
+        least over all ranks, at most 4 (``stripe_choice``; docs/algorithms.md, "Stripes"). 1 on the verbs
         transport. Every rank must set the same. "auto" or 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,

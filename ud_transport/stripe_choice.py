@@ -1,7 +1,7 @@
 """How many stripes `stripes="auto"` runs: each rank's fair share of its machine's cores, the
 least over all ranks, at most AUTO_MAX_STRIPES.
 
-Measured with the wire benchmark (README, "Stripes"): on the 2-core build machine 2 stripes were
+Measured with the wire benchmark (docs/performance/stripes.md): on the 2-core build machine 2 stripes were
 slower than 1 for 2 ranks; on a 16-core machine (loopback, and MTU 1500 on veth and a bridge),
 4 stripes beat 2 and 1 for 2 ranks and beat 1 for 4 ranks (2 not run), 2 beat 1 for 8 ranks, and
 1 beat 2 for 16 ranks. One stripe per core a rank can call its own fits every one of those.

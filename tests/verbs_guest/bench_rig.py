@@ -4,7 +4,7 @@ C program verbs_stream.c, compiled here; needs cc and libibverbs-dev), and its a
 
     python -m ud_transport.rig run --timeout 900 -- python tests/verbs_guest/bench_rig.py
 
-Prints a Markdown table (see ud_transport/rig/VERBS_NOTES.md). TCG speed is not NIC speed:
+Prints a Markdown table (see docs/performance/rig.md, "The full tables of the first run"). TCG speed is not NIC speed:
 compare the rows with each other, not with hardware.
 """
 import argparse

@@ -2,7 +2,7 @@
 
 On machines whose kernel has no RDMA, commands run in a qemu (TCG) guest built from Debian
 packages, with the host's root shared read-only, so the host's Python, venv and build run
-unchanged. See README.md in this directory.
+unchanged. See docs/rig.md.
 """
 
 from .guest import STATUS_RIG_FAILURE, STATUS_TIMEOUT, GuestResult, QemuOptions

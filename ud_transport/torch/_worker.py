@@ -21,15 +21,22 @@ class Work(dist._Work):
         self._result = result
         self._done = threading.Event()
         self._error = None
-        self._future = torch.futures.Future()
+        # get_future()'s Future must fail the way C++ waiters read (DDP's reducer waits on it in
+        # C++): Future.set_exception stores the exception as the value, which the reducer read as
+        # tensors, and the process died (SIGSEGV) on a collective's error. A then() callback that
+        # raises sets the Future's error; Python waiters get it as RuntimeError with the message.
+        self._ended = torch.futures.Future()
+        self._future = self._ended.then(self._result_or_error)
+
+    def _result_or_error(self, _ended):
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     def _finish(self, error=None):
         self._error = error
         self._done.set()
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        self._ended.set_result(None)
 
     def wait(self, timeout=None):
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout

@@ -28,6 +28,8 @@ from . import _common, composite, point_to_point, policy
 from ._worker import SerialWorker
 
 LOSSY_KINDS = ("allreduce", "reduce_scatter")
+# torch.distributed.shrink_group's flags (distributed_c10d.SHRINK_DEFAULT / SHRINK_ABORT in torch 2.13)
+SHRINK_DEFAULT, SHRINK_ABORT = 0x00, 0x01
 LOSSY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 # BackendOptions field -> environment variable (the table is ud_transport.environment)
@@ -115,6 +117,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     raises a collective's error. send and recv are exact too, each (sender, receiver, tag) on a
     channel of its own (``ud_transport.torch.point_to_point``); a receive from any source takes the
     oldest message no receive has claimed (``recv_anysource``; ``work._source_rank()`` names it).
+    ``torch.distributed.shrink_group`` makes a group of the survivors after a rank dies
+    (``shrink``; docs/elastic.md).
 
     Parameters
     ----------
@@ -127,6 +131,13 @@ class ProcessGroupUD(dist.ProcessGroup):
     options : BackendOptions, optional
         None reads them from the environment (``UD_LOSS_BUDGET``, ...).
     group_name : str
+
+    Attributes
+    ----------
+    last_error : Exception or None
+        The error of the last collective that failed on this group (the same on every rank:
+        a ``PeerTimeout``'s ``.rank`` names the rank to exclude when shrinking). DDP raises a
+        collective's error as a RuntimeError that carries only its text; this keeps the error.
 
     Raises
     ------
@@ -145,6 +156,7 @@ class ProcessGroupUD(dist.ProcessGroup):
     def __init__(self, store, rank, world_size, timeout, options=None, group_name=""):
         super().__init__(rank, world_size)
         self._ud_group_name = group_name
+        self._timeout = timeout  # kept for the groups shrink() makes from this one
         self.config = (options or BackendOptions.from_environment()).validate()
         overrides = dict(self.config.communicator)
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
@@ -166,6 +178,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         self.budget_misses = 0
         self._misses_since_taken = 0
         self.last_stats = None
+        self.last_error = None
 
     # -- identity -----------------------------------------------------------
 
@@ -259,7 +272,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             before = self.communicator.sequence
             try:
                 run()
-            except BaseException:
+            except BaseException as error:
+                self.last_error = error
                 if self._started_nothing_since(before):
                     try:
                         exact.barrier(self.communicator, deadline=self.config.deadline)
@@ -533,6 +547,70 @@ class ProcessGroupUD(dist.ProcessGroup):
             raise ValueError(f"{what} on 'ud' takes CPU tensors, got one on {tensor.device}")
         return tensor
 
+    # -- shrinking: torch.distributed.shrink_group (ud_transport.torch.shrinking) -------------
+
+    @property
+    def supports_shrinking(self):
+        """True: ``torch.distributed.shrink_group`` makes a "ud" group of the survivors (``shrink``)."""
+        return True
+
+    def shrink(self, ranks_to_exclude, shrink_flags=SHRINK_DEFAULT, pg_options=None):
+        """A new "ud" group of this group's ranks but `ranks_to_exclude`, renumbered in order (the
+        survivor of lowest rank becomes rank 0); what ``torch.distributed.shrink_group`` calls.
+
+        Only the survivors take part, and they meet through this group's store alone: nothing is
+        asked of the excluded ranks, which may be dead. The meeting's keys are named by this
+        group's session and the exclusion, so survivors that exclude the same ranks meet and a
+        group made again on the same store reads nothing of another.
+
+        Parameters
+        ----------
+        ranks_to_exclude : list of int
+            Ranks of this group, none twice, not this rank, not every rank.
+        shrink_flags : {SHRINK_DEFAULT, SHRINK_ABORT}
+            SHRINK_ABORT first ends what runs and what is queued on this group (each Work raises
+            TransportError, "interrupted") and closes it; SHRINK_DEFAULT leaves this group as it
+            is (torch's shrink_group destroys it next, which waits for what is queued).
+        pg_options : BackendOptions, optional
+            The new group's options; None keeps this group's.
+
+        Returns
+        -------
+        ProcessGroupUD
+
+        Raises
+        ------
+        TypeError, ValueError
+            An exclusion or option torch's own validation refuses (non-integers, out of range,
+            duplicates, empty, every rank); a flag other than the two.
+        RuntimeError
+            This rank is among those excluded, or this group is shut down.
+        TransportError
+            The survivors did not all meet within the store timeout (a survivor that did not
+            call shrink, or the store is gone: it must outlive the dead ranks).
+
+        Examples
+        --------
+        >>> group = dist.shrink_group([dead_rank])  # the default "ud" group  # doctest: +SKIP
+        """
+        excluded = _exclusion(ranks_to_exclude, self.rank(), self.size())
+        if shrink_flags not in (SHRINK_DEFAULT, SHRINK_ABORT):
+            raise ValueError(f"shrink_flags must be SHRINK_DEFAULT ({SHRINK_DEFAULT}) or SHRINK_ABORT ({SHRINK_ABORT}), "
+                             f"got {shrink_flags!r}")
+        if pg_options is not None and not isinstance(pg_options, BackendOptions):
+            raise TypeError(f"pg_options for backend 'ud' must be ud_transport.torch.BackendOptions, "
+                            f"got {type(pg_options).__name__}")
+        store = self.communicator.store
+        if store is None or self.communicator.closed:
+            raise RuntimeError("this 'ud' group is shut down (destroyed or shrunk with SHRINK_ABORT): it cannot shrink")
+        session = self.communicator.session_id  # the same on every rank of this group, new with each group
+        if shrink_flags == SHRINK_ABORT:
+            self.abort()
+        survivors = [rank for rank in range(self.size()) if rank not in excluded]
+        meeting = dist.PrefixStore(f"shrink/{session:016x}/{'-'.join(map(str, excluded))}/", store)
+        return ProcessGroupUD(meeting, survivors.index(self.rank()), len(survivors), self._timeout,
+                              pg_options or self.config, f"{self._ud_group_name}:shrunk")
+
     def shutdown(self):
         """destroy_process_group: finish what is queued (a receive whose sender never comes waits
         up to the group's timeout: abort() ends it), then close."""
@@ -552,6 +630,29 @@ class ProcessGroupUD(dist.ProcessGroup):
         # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
         # store server stayed up and the next group's rendezvous read the old one's addresses
         self.communicator.store = None
+
+
+def _exclusion(ranks_to_exclude, rank, world_size):
+    """The ranks to exclude, sorted, checked as torch.distributed.shrink_group checks them (the
+    same errors, for a caller of ProcessGroupUD.shrink who comes without it)."""
+    if not isinstance(ranks_to_exclude, (list, tuple)):
+        raise TypeError(f"ranks_to_exclude must be a list, got {type(ranks_to_exclude).__name__}")
+    if not ranks_to_exclude:
+        raise ValueError("ranks_to_exclude cannot be empty: name at least one rank to exclude")
+    for rank_excluded in ranks_to_exclude:
+        if isinstance(rank_excluded, bool) or not isinstance(rank_excluded, int):
+            raise TypeError(f"ranks_to_exclude must hold integers, got {rank_excluded!r}")
+        if not 0 <= rank_excluded < world_size:
+            raise ValueError(f"rank {rank_excluded} is out of bounds for a group of {world_size}")
+    excluded = sorted(set(ranks_to_exclude))
+    if len(excluded) != len(ranks_to_exclude):
+        raise ValueError(f"ranks_to_exclude names a rank twice: {list(ranks_to_exclude)}")
+    if len(excluded) >= world_size:
+        raise ValueError(f"cannot exclude all {world_size} ranks of the group: at least one must remain")
+    if rank in excluded:
+        raise RuntimeError(f"rank {rank} is in ranks_to_exclude and must not call shrink: only the ranks that "
+                           "remain take part")
+    return excluded
 
 
 def _claim(collective, index, items, typed=False):
@@ -589,3 +690,6 @@ def register():
     """
     if "UD" not in dist.Backend._plugins:
         dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu"])
+    from . import shrinking
+
+    shrinking.install()
