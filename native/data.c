@@ -69,7 +69,7 @@ static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
 /* A grown credit goes out once it grew by half a window (or on the refresh timer). Bigger
  * grants fill a sender's send batches: at 4 ranks on a bridge, MTU 1500, 64 MiB, 22.7 datagrams
  * per sendmmsg against 19.5 with a quarter, 15% fewer send calls (stats.send_calls; measured in
- * docs/wire_measurements.md, "The credit window"). The window bounds what is in flight either way. */
+ * docs/performance/wire_measurements.md, "The credit window"). The window bounds what is in flight either way. */
 #define CREDIT_GROWTH_DIVISOR 2
 
 /* Credits: walk the open receive steps in order and hand out the window,

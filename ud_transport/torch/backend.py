@@ -215,14 +215,15 @@ class ProcessGroupUD(dist.ProcessGroup):
                 and op_name(op) in ("sum", "avg"))
 
     def _lossy_call(self, call):
-        raise_on_miss = self.config.on_budget_miss == policy.RAISE
+        """call(on_miss) makes the lossy call with the group's budget: "raise" fails it on a miss,
+        "return" writes the estimate and reports the miss in its stats (the engine judges)."""
         try:
-            stats = call(self.config.loss_budget if raise_on_miss else 1.0)
+            stats = call(policy.on_miss(self.config.on_budget_miss))
         except LossBudgetExceeded as error:
             self._count_miss(error.stats)
             raise
         self.counters.record(stats)
-        if policy.missed(stats, self.config.loss_budget):
+        if stats.budget_missed:
             self._count_miss(stats)
         self.last_stats = stats
         return stats
@@ -236,8 +237,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         comm = self.communicator
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self._lossy("allreduce", tensor, op):
-            self._lossy_call(lambda budget: comm.allreduce(work, op=op_name(op), loss_budget=budget,
-                                                           deadline=self.config.deadline, algorithm=self.config.algorithm))
+            self._lossy_call(lambda on_miss: comm.allreduce(work, op=op_name(op), loss_budget=self.config.loss_budget,
+                                                            deadline=self.config.deadline, algorithm=self.config.algorithm,
+                                                            on_miss=on_miss))
         else:
             self.exact_calls += 1
             exact.allreduce(comm, work, op_name(op), deadline=self.config.deadline, collective=claim)
@@ -248,9 +250,10 @@ class ProcessGroupUD(dist.ProcessGroup):
         comm = self.communicator
         if self._lossy("reduce_scatter", flat_input, op):
             target = output if output.is_contiguous() else output.contiguous()
-            self._lossy_call(lambda budget: comm.reduce_scatter(flat_input, target, op=op_name(op), loss_budget=budget,
-                                                                deadline=self.config.deadline,
-                                                                algorithm=self.config.algorithm))
+            self._lossy_call(lambda on_miss: comm.reduce_scatter(flat_input, target, op=op_name(op),
+                                                                 loss_budget=self.config.loss_budget,
+                                                                 deadline=self.config.deadline,
+                                                                 algorithm=self.config.algorithm, on_miss=on_miss))
         else:
             self.exact_calls += 1
             reduced = flat_input.clone()

@@ -1,5 +1,5 @@
 """What the two-stage step can do about the chunks a lossy call lost, beyond the seed paper's
-rescaling and stale retention (both measured in the README's training table):
+rescaling and stale retention (both measured in docs/performance/training_under_loss.md):
 
 - ErrorFeedback (reduce-scatter half): a contribution that did not reach its owner is not
   rescaled away but kept by its sender and added to its next gradient, as error-feedback
@@ -42,11 +42,11 @@ class ErrorFeedback:
         """The gradient to send: this step's plus what missed before."""
         grads += self.residual
 
-    def reduce_scatter(self, grads, shard, *, loss_budget, deadline, copies=1):
+    def reduce_scatter(self, grads, shard, *, loss_budget, deadline, copies=1, on_miss="raise"):
         """The lossy reduce-scatter with the owner's sum of what arrived (mean over all ranks)."""
         return self.comm.reduce_scatter(grads, shard, op="mean", loss_budget=loss_budget, deadline=deadline,
                                         estimator="zero_fill", algorithm=self.algorithm, chunk_mask=self.mask,
-                                        copies=copies)
+                                        copies=copies, on_miss=on_miss)
 
     def settle(self, grads, *, deadline):
         """After the reduce-scatter: learn exactly which of this rank's pieces reached their owners

@@ -69,8 +69,8 @@ class LossyHookState:
 
     def _allreduce(self, buffer):
         try:
-            stats = self.communicator.allreduce(buffer, op="mean", loss_budget=1.0, deadline=self.deadline,
-                                                algorithm=self.algorithm, copies=self.copies)
+            stats = self.communicator.allreduce(buffer, op="mean", loss_budget=self.loss_budget, deadline=self.deadline,
+                                                algorithm=self.algorithm, copies=self.copies, on_miss="return")
         except TransportError as error:  # the buffer keeps its values; step() acts on it
             self._error = self._error or error
             return
@@ -79,7 +79,7 @@ class LossyHookState:
             return
         self.counters.record(stats)
         self.last_stats = stats
-        if policy.missed(stats, self.loss_budget):
+        if stats.budget_missed:
             self._missed += 1
 
     def step(self, optimizer, *args, **kwargs):

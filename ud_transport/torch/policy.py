@@ -17,9 +17,11 @@ def check(policy):
     return policy
 
 
-def missed(stats, loss_budget):
-    """Did a call whose agreed fractions are in `stats` miss `loss_budget`?"""
-    return 1.0 - min(stats.reduce_fraction, stats.gather_fraction) > loss_budget + 1e-12
+def on_miss(policy):
+    """What the lossy call itself does on a miss under `policy` (Communicator's on_miss): only
+    "raise" fails it; "use" and "skip" need the estimate written and the miss reported
+    (stats.budget_missed, judged by the engine's one rule), and act on it after."""
+    return "raise" if policy == RAISE else "return"
 
 
 @dataclass

@@ -221,23 +221,23 @@ class LossTolerantOptimizer:
             if self.feedback is not None:
                 self.feedback.drop()
         else:
-            raise_on_miss = self.on_budget_miss == policy.RAISE
+            on_miss = policy.on_miss(self.on_budget_miss)
             copies = self._step_copies()
             self.copies_used[copies] += 1
             try:
                 if self.feedback is not None:
-                    stats = self.feedback.reduce_scatter(grads, shard_grad, loss_budget=budget if raise_on_miss else 1.0,
-                                                         deadline=self.deadline, copies=copies)
+                    stats = self.feedback.reduce_scatter(grads, shard_grad, loss_budget=budget, deadline=self.deadline,
+                                                         copies=copies, on_miss=on_miss)
                     self.feedback.settle(grads, deadline=self.deadline)
                 else:
-                    stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget if raise_on_miss else 1.0,
-                                                deadline=self.deadline, algorithm=self.algorithm, copies=copies)
+                    stats = comm.reduce_scatter(grads, shard_grad, op="mean", loss_budget=budget, deadline=self.deadline,
+                                                algorithm=self.algorithm, copies=copies, on_miss=on_miss)
             except LossBudgetExceeded:
                 self.counters.raised += 1
                 raise
             self.counters.record(stats)
             self.last_stats = stats
-            missed = policy.missed(stats, budget)
+            missed = stats.budget_missed
             if self._chooser is not None:
                 self._chooser.record(stats.reduce_fraction)
         if missed and self.on_budget_miss == policy.SKIP:
