@@ -309,7 +309,6 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
 
 /* verdict.c */
 void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);
-void udt_verdict_peer_moved_on(struct call *c, struct udt_comm *comm, uint32_t peer);
 void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now);
 int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake);
 void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,

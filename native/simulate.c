@@ -192,7 +192,7 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
             struct udt_simulated_call *row = &out[(size_t)call * n + r];
             row->stats = ranks[r].stats;
             row->error_sum = row->error_squares = 0;
-            if (sim->collective == UDT_ALLREDUCE && row->status == UDT_OK)
+            if (row->status == UDT_OK && udt_collective_facts(sim->collective)->output == UDT_OUTPUT_REDUCED) /* the whole sum */
                 for (uint64_t i = 0; i < count; i++) {
                     double e = (ranks[r].output[i] - signal[i]) / exact_rms;
                     row->error_sum += e * signal[i] / exact_rms; /* projected on the exact value: a shrink shows as < 0 */

@@ -112,7 +112,7 @@ static void heed_cause(struct call *c, struct udt_comm *comm, const uint8_t *pay
 /* A peer that sends us anything of the next call has decided this one, so
  * it holds our verdict: that is its acknowledgement, even if the answer
  * saying so was lost. */
-void udt_verdict_peer_moved_on(struct call *c, struct udt_comm *comm, uint32_t peer)
+static void verdict_peer_moved_on(struct call *c, struct udt_comm *comm, uint32_t peer)
 {
     struct verdict_slot *slot = slot_for(comm, peer, c->sequence);
     if ((slot->flags & VERDICT_GOT) && !(slot->flags & VERDICT_ACKED)) {
@@ -225,7 +225,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             c->verdicts_acked += current;
         }
         if (!current)
-            udt_verdict_peer_moved_on(c, comm, peer);
+            verdict_peer_moved_on(c, comm, peer);
         /* answer a request, and acknowledge a verdict we did not have (even
          * one that came as an answer: its sender waits to hear we have it);
          * an answer that only repeats what we know is not answered */
