@@ -5,7 +5,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t
 
 from transport_io cimport udt_error, udt_transport
 
-cdef extern from "transport.h" nogil:
+cdef extern from "transport_lossy.h" nogil:
     enum:
         UDT_LOSS_NONE
         UDT_LOSS_BERNOULLI
@@ -20,6 +20,9 @@ cdef extern from "transport.h" nogil:
         double loss_in_bad
         uint64_t seed
 
+    udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
+
+cdef extern from "transport_udp.h" nogil:
     udt_transport *udt_udp_open(const char *bind_ipv4, uint16_t port, uint32_t socket_buffer_bytes, udt_error *error)
 
     enum:
@@ -52,7 +55,6 @@ cdef extern from "transport.h" nogil:
     uint32_t udt_udp_send_buffer_bytes(const udt_transport *t)
     int udt_udp_describe(const udt_transport *t, char *text, int text_bytes)
     int udt_udp_counters(const udt_transport *t, udt_udp_counters_struct *out)
-    udt_transport *udt_lossy_wrap(udt_transport *inner, const udt_loss_model *model)
 
 cdef extern from "schedule.h" nogil:
     enum:

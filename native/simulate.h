@@ -8,7 +8,8 @@
 #include <stdint.h>
 
 #include "engine.h"
-#include "transport.h"
+#include "transport_lossy.h"
+#include "transport_memory.h"
 
 struct udt_simulation {
     uint32_t world_size;

@@ -1,7 +1,7 @@
 /* Loss injection: a transport wrapper that drops received datagrams under a
  * seeded model (Bernoulli, or Gilbert-Elliott for bursts), so experiments are
  * repeatable. It sits below the engine, which cannot tell it from a network. */
-#include "transport.h"
+#include "transport_lossy.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* An in-memory network of N endpoints in one process, for the simulator: a
  * send copies the datagram into the receiver's queue, delivery is instant and
  * in order. Loss comes from the loss-injection wrapper, as on a real socket. */
-#include "transport.h"
+#include "transport_memory.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,7 +14,7 @@
  * A kernel that refuses a GSO send turns GSO off for the socket, and the
  * datagrams go out again without it (udt_udp_features says so). */
 #define _GNU_SOURCE
-#include "transport.h"
+#include "transport_udp.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -105,7 +105,7 @@ static inline int udt_wire_decode(const uint8_t *in, uint32_t len, struct udt_wi
 
 /* Payload of an AGREE datagram: what one rank saw of a call. */
 struct udt_verdict {
-    uint32_t cause;            /* 0, or (severity << 16) | rank blamed; see engine.c */
+    uint32_t cause;            /* 0, or (severity << 16) | rank blamed; see verdict.c */
     uint32_t agree_value;      /* the caller's value for agree() */
     uint64_t reduce_weighted;  /* sum over the rank's own shard of contributions x elements */
     uint64_t fresh_elements;   /* elements of the rank's output that are fresh */

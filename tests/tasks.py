@@ -202,7 +202,7 @@ def verdict_round_ends(comm, calls, count):
             outcome = f"{type(error).__name__} naming {getattr(error, 'rank', None)}: {error}"
             ends.append((outcome, None, None, 0))
             continue
-        slack = min(max(stats.deadline_s / 4, 0.05), 1.0)  # the verdict round's slack past the data deadline (engine.c)
+        slack = min(max(stats.deadline_s / 4, 0.05), 1.0)  # the verdict round's slack past the data deadline (liveness.c)
         ends.append((outcome, stats.elapsed_s - stats.join_wait_s - stats.output_s, stats.deadline_s + slack,
                      stats.verdict_acks_presumed))
         # Then wait for the others through the store, as a job waits in another collective: a rank

@@ -21,7 +21,7 @@
 #include "elementwise.h"
 #include "engine_internal.h"
 #include "fuzz_records.h"
-#include "transport.h"
+#include "transport_memory.h"
 #include "wire.h"
 
 #define WORLD 3

@@ -18,7 +18,7 @@
 #include "engine.h"
 #include "elementwise.h"
 #include "engine_internal.h"
-#include "transport.h"
+#include "transport_memory.h"
 #include "wire.h"
 #include "blocks.h"
 #include "fuzz_records.h"
@@ -239,7 +239,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     h.step = 0;
                     h.chunk_index = h.contributions = 0;
                     h.payload_bytes = 0;
-                    h.credit %= comm->peers[peer].credit_ceiling + 2;
+                    h.credit %= comm->peers[peer].in_call.credit_ceiling + 2;
                     length = UDT_WIRE_HEADER_BYTES;
                 } else if (h.kind == UDT_KIND_JOIN) {
                     h.flags &= UDT_JOIN_REPLY;
