@@ -2,7 +2,7 @@
 the kernel's batching (UDP GSO on send, UDP GRO on receive), at MTU 1500 and 9000.
 
 It compiles a small C program against native/transport_udp.c (the transport the library
-uses, nothing else of it) in a temporary directory, builds hosts with ud_transport.hosts,
+uses, nothing else of it) in a temporary directory, builds hosts with ud_transport.lab.hosts,
 and runs the receiver in host 1 and the sender in host 0 for a few seconds per case. The
 sender sends as fast as the socket takes datagrams, in batches like the engine's; the
 receiver counts what arrived, in order, at the right size. Reported: GB/s delivered
@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from machine_cpu import busy_seconds  # noqa: E402  (a script: its own directory is sys.path[0])
-from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.lab.hosts import Hosts, unavailable_reason  # noqa: E402
 
 VARIANTS = {  # name -> environment of both programs
     "plain": {"UD_UDP_GSO": "0", "UD_UDP_GRO": "0"},

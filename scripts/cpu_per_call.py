@@ -1,5 +1,5 @@
 """CPU time the whole machine spends per allreduce call, for ud_transport and Gloo, with every rank
-in a network namespace of its own (ud_transport.hosts).
+in a network namespace of its own (ud_transport.lab.hosts).
 
 Where ranks share cores (4 ranks and a bridge on 2 cores), the run is bound by CPU and the backend
 that burns less of it per call wins; wall time alone hides why. For each backend in turn (all of its
@@ -23,15 +23,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from machine_cpu import busy_seconds  # noqa: E402  (a script: its own directory is sys.path[0])
-from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
-from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
+from ud_transport.lab.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.lab.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
 
 def calls(comm, config):
     """On every rank: `iterations` calls of one backend; (wall s, machine busy s) per call."""
     import torch
     import torch.distributed as dist
 
-    from ud_transport.bench import store_barrier
+    from ud_transport.lab.bench import store_barrier
 
     backend, count, iterations = config
     if backend == "gloo" and not dist.is_initialized():

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 import ud_transport  # noqa: E402
-from ud_transport.local_cluster import LocalCluster  # noqa: E402
+from ud_transport.lab.local_cluster import LocalCluster  # noqa: E402
 
 
 def timed_allreduce(comm, count, deadline):

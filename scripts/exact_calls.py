@@ -29,8 +29,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ud_transport.bench import store_barrier  # noqa: E402
-from ud_transport.hosts import RankNetwork, run_on_network  # noqa: E402
+from ud_transport.lab.bench import store_barrier  # noqa: E402
+from ud_transport.lab.hosts import RankNetwork, run_on_network  # noqa: E402
 
 
 def timed(comm, config):

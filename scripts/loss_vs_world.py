@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 import ud_transport
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 
 def sweep_rank(comm, algorithms, calls, count, budget):

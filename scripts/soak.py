@@ -15,7 +15,7 @@ import numpy as np
 
 import ud_transport
 from ud_transport.communicator import Communicator
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 RSS_LIMIT_MIB = 10.0
 

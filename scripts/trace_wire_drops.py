@@ -1,6 +1,6 @@
 """Where datagrams go missing on the emulated wire when no loss is injected.
 
-Builds hosts (ud_transport.hosts: every rank in a network namespace, a bridge in a namespace of
+Builds hosts (ud_transport.lab.hosts: every rank in a network namespace, a bridge in a namespace of
 its own), runs one allreduce at a time, and for every call that is not whole prints what each
 rank missed and every drop counter that moved during the call: each interface's rx/tx drops and
 errors in every namespace (`ip -s -j link`), the UDP and IP error counters (/proc/net/snmp), each
@@ -23,8 +23,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ud_transport.hosts import Hosts, unavailable_reason  # noqa: E402
-from ud_transport.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
+from ud_transport.lab.hosts import Hosts, unavailable_reason  # noqa: E402
+from ud_transport.lab.local_cluster import LocalCluster, free_tcp_port  # noqa: E402
 
 
 def run_in(namespace, *argv):

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 import ud_transport
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 BURST = ud_transport.GilbertElliott  # (good_to_bad, bad_to_good, loss_in_good, loss_in_bad, seed)
 

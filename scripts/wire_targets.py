@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from ud_transport.bench import summarize
+from ud_transport.lab.bench import summarize
 
 # name: (bench arguments, what is checked, the target)
 CASES = {

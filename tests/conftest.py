@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

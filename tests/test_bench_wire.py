@@ -16,7 +16,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_wir
 
 @pytest.mark.netns
 def test_bench_wire_streams_arrive_in_order_and_zerocopy_sends_complete(tmp_path):
-    from ud_transport.hosts import unavailable_reason
+    from ud_transport.lab.hosts import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -18,7 +18,7 @@ import pytest
 
 import ud_transport
 from ud_transport import _native
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 ALGORITHMS = {"ring": _native.ALGORITHM_RING, "direct": _native.ALGORITHM_DIRECT}
 WORLD, CHUNK_BYTES = 8, 1024

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ud_transport import bench, cli, demo, info, simulate
+from ud_transport.lab import bench, cli, demo, info, simulate
 from ud_transport.rig import cli as rig_cli
 
 
@@ -46,7 +46,7 @@ def test_bench_across_veth_hosts_runs_both_backends_over_the_links():
     result = run("bench", "--hosts", "veth", "--mtu", "9000", "--sizes", "64K", "--iterations", "2", "--warmup", "1",
                  "--no-progress")
     assert result.returncode == 0, result.stderr
-    from ud_transport.hosts import unavailable_reason
+    from ud_transport.lab.hosts import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -31,7 +31,7 @@ from support import raw_sender, spoof
 from ud_transport import _native
 from ud_transport import options as options_module
 from ud_transport.communicator import Communicator
-from ud_transport.local_cluster import free_tcp_port
+from ud_transport.lab.local_cluster import free_tcp_port
 
 WORLD, COUNT, CHUNK_BYTES = 3, 600, 64
 CHUNK_ELEMENTS = CHUNK_BYTES // 4

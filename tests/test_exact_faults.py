@@ -6,7 +6,7 @@ import exact_fault_tasks
 import pytest
 
 import ud_transport
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 WORLD, VICTIM = 3, 2
 COUNT = 1 << 18   # int32: 1 MiB a rank, 1024 chunks at chunk_bytes 1024, so an incomplete call is repaired

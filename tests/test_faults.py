@@ -8,7 +8,7 @@ import fault_tasks
 import pytest
 
 import ud_transport
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 JOIN_TIMEOUT = 3.0
 DEADLINE = 2.0

@@ -17,7 +17,7 @@ import tasks
 import wire_format
 from conftest import skip_or_fail
 from support import raw_sender, spoof
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 WORLD, COUNT, CHUNK_BYTES = 4, 20000, 1024
 CALLS_CAPTURED, CALLS_FLOODED = 3, 20

@@ -26,7 +26,7 @@ MIB = 1 << 20
 PROBE = r"""
 import json, socket
 import tasks
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 SO_RCVBUFFORCE = 33
 probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

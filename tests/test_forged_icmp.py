@@ -15,7 +15,7 @@ import pytest
 from conftest import skip_or_fail
 
 import ud_transport
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 WORLD, VICTIM, ABSENTEE = 3, 0, 2
 COUNT = 5000  # float32 / int32 elements: many datagrams at chunk_bytes 1024

@@ -3,7 +3,7 @@ allreduces deliver exactly 100%, every time. Flow control is the engine's job.""
 import pytest
 
 import tasks
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 MIB = 1 << 20
 

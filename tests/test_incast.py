@@ -28,8 +28,8 @@ def test_the_default_window_is_a_number_of_datagrams_on_udp():
 @pytest.mark.slow
 @pytest.mark.netns
 def test_four_ranks_on_a_bridge_deliver_everything_with_the_default_window():
-    from ud_transport.hosts import Hosts, unavailable_reason
-    from ud_transport.local_cluster import LocalCluster
+    from ud_transport.lab.hosts import Hosts, unavailable_reason
+    from ud_transport.lab.local_cluster import LocalCluster
 
     reason = unavailable_reason()
     if reason:

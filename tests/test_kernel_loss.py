@@ -7,8 +7,8 @@ import pytest
 import tasks
 from conftest import skip_or_fail
 from support import DELIVERED_FRACTION, WORLD, fixed_inputs, relative_error_per_trial, z_score
-from ud_transport.kernel_loss import LossyNamespace, unavailable_reason
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.kernel_loss import LossyNamespace, unavailable_reason
+from ud_transport.lab.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.netns
 LOSS = 0.10

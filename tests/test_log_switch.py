@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ud_transport.local_cluster import free_tcp_port
+from ud_transport.lab.local_cluster import free_tcp_port
 
 ONE_RANK = ("import datetime, torch.distributed as dist, ud_transport; "
             "store = dist.TCPStore('127.0.0.1', {port}, 1, True, timeout=datetime.timedelta(seconds=10)); "

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from ud_transport import _native, info, transports, verbs_extension
+from ud_transport import _native, transports, verbs_extension
 from ud_transport.errors import TransportError
+from ud_transport.lab import info
 
 NOT_BUILT = "ud_transport._verbs was not built: <infiniband/verbs.h> was missing when ud_transport was built"
 CANNOT_LOAD = "libibverbs.so.1: cannot open shared object file: No such file or directory"

@@ -18,7 +18,7 @@ import support
 import ud_transport
 from ud_transport import options as options_module, rendezvous
 from ud_transport.communicator import Communicator
-from ud_transport.local_cluster import free_tcp_port
+from ud_transport.lab.local_cluster import free_tcp_port
 
 TIMEOUT = 2.0
 SLACK = 3.0  # thread start, socket setup, torch's retry rounding

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from conftest import get_cluster
-from ud_transport.local_cluster import LocalCluster
+from ud_transport.lab.local_cluster import LocalCluster
 
 DEADLINE = 5.0  # the groups' per-call deadline (shrink_tasks)
 # a survivor's call: the victim comes JOIN_AFTER_S late and dies DIE_AFTER_S in; the survivors must

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import ud_transport
 from ud_transport import options as options_module, stripe_choice
 from ud_transport.communicator import Communicator
-from ud_transport.local_cluster import free_tcp_port
+from ud_transport.lab.local_cluster import free_tcp_port
 from ud_transport.options import STRIPE_MIN_BYTES
 
 SIXTEEN = list(range(16))
@@ -208,7 +208,7 @@ def test_auto_and_a_count_are_named_as_disagreeing():
 
 ALONE = textwrap.dedent("""
     import datetime, numpy as np, torch.distributed as dist, ud_transport
-    from ud_transport.local_cluster import free_tcp_port
+    from ud_transport.lab.local_cluster import free_tcp_port
     store = dist.TCPStore("127.0.0.1", free_tcp_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=30))
     with ud_transport.init(0, 1, store=store, transport="udp") as comm:
         tensor = np.arange(1 << 21, dtype=np.float32)

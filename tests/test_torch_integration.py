@@ -314,7 +314,7 @@ def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
     import subprocess
     import sys
 
-    from ud_transport.local_cluster import free_tcp_port
+    from ud_transport.lab.local_cluster import free_tcp_port
 
     worker = pathlib.Path(__file__).with_name("torchrun_worker.py")
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",

@@ -220,7 +220,7 @@ def test_receive_buffer_without_cap_net_admin_is_capped_by_rmem_max():
 
 @pytest.fixture(scope="module")
 def jumbo_pair():
-    from ud_transport.hosts import Hosts, unavailable_reason
+    from ud_transport.lab.hosts import Hosts, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -314,7 +314,7 @@ def test_switch_drops_single_datagrams_not_gso_trains():
     datagrams loses some of them, not all or none (as an input hook behind GRO would). The switch
     does no IP filtering of bridged frames (where br_netfilter is loaded), and its loss rules work
     without it."""
-    from ud_transport.hosts import Hosts, unavailable_reason
+    from ud_transport.lab.hosts import Hosts, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -350,8 +350,8 @@ def test_allreduce_between_hosts_on_a_bridge_is_exact():
     """Three ranks, each in its own host at MTU 1500: the engine's datagrams cross real links (GSO
     on send, GRO on receive) and the result is exact."""
     import tasks
-    from ud_transport.hosts import Hosts, unavailable_reason
-    from ud_transport.local_cluster import LocalCluster
+    from ud_transport.lab.hosts import Hosts, unavailable_reason
+    from ud_transport.lab.local_cluster import LocalCluster
 
     reason = unavailable_reason()
     if reason:

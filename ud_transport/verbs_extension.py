@@ -2,7 +2,7 @@
 
 It is built only where the libibverbs headers were present (setup.py) and links
 libibverbs.so.1, so importing it can fail on machines that only want UDP. Nothing
-imports it at package import time: transports.py and info.py ask here when the
+imports it at package import time: transports.py and lab/info.py ask here when the
 verbs transport is requested or probed, and get either the module or why not."""
 from importlib import import_module
 

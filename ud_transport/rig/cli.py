@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ..arguments import ArgumentParser, checked_by, integer, matching, positive_number
+from ..lab.arguments import ArgumentParser, checked_by, integer, matching, positive_number
 from . import apt, checks
 from . import kit as kit_module
 from .guest import QemuOptions

@@ -2,10 +2,10 @@
 import sys
 
 COMMANDS = {
-    "demo": ("ud_transport.demo", "allreduce across local ranks, with injected loss"),
-    "bench": ("ud_transport.bench", "benchmark against torch.distributed Gloo"),
-    "simulate": ("ud_transport.simulate", "many engines in one process on a virtual clock: loss against world size"),
-    "info": ("ud_transport.info", "RDMA devices, ports, GIDs, and the transport ud_transport would pick"),
+    "demo": ("ud_transport.lab.demo", "allreduce across local ranks, with injected loss"),
+    "bench": ("ud_transport.lab.bench", "benchmark against torch.distributed Gloo"),
+    "simulate": ("ud_transport.lab.simulate", "many engines in one process on a virtual clock: loss against world size"),
+    "info": ("ud_transport.lab.info", "RDMA devices, ports, GIDs, and the transport ud_transport would pick"),
     "rig": ("ud_transport.rig.cli", "the SoftRoCE rig: run commands in a qemu guest with rxe"),
 }
 
@@ -25,7 +25,7 @@ def usage(stream):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--version":
-        from . import __version__
+        from .. import __version__
 
         print(f"ud_transport {__version__}")
         return 0

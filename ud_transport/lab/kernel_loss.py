@@ -21,7 +21,7 @@ def unavailable_reason():
 
 def loss_rules(udp_loss, tcp_loss, exempt_tcp_port, table="inet udt_loss", chain="input"):
     """nftables rules dropping UDP and TCP packets at random on the hook `chain` of `table`
-    (a namespace's input here, a bridge's forward path in ud_transport.hosts). The exemption
+    (a namespace's input here, a bridge's forward path in ud_transport.lab.hosts). The exemption
     is a separate accept rule: on the kernels and nftables we run, `tcp sport != P tcp
     dport != P` matched every packet."""
     per_million = lambda p: int(round(p * 1_000_000))  # noqa: E731

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from . import _native, cpu_cache, options, rendezvous, stripe_choice, transports, verbs_extension
+from .. import _native, cpu_cache, options, rendezvous, stripe_choice, transports, verbs_extension
 from .arguments import ArgumentParser
 
 

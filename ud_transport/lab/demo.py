@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
+from ..errors import LossBudgetExceeded
 from .arguments import ArgumentParser, fraction, integer, start_cluster
-from .errors import LossBudgetExceeded
 
 
 def demo_rank(comm, count, calls, loss_budget, algorithm):
@@ -47,7 +47,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    from . import Bernoulli
+    from .. import Bernoulli
 
     inject = Bernoulli(args.loss, seed=args.seed) if args.loss > 0 else None
     print(f"ud_transport demo: {args.world_size} ranks, {args.count} float32 elements, mean allreduce, "

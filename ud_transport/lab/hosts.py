@@ -405,7 +405,7 @@ def run_on_network(world_size, function, *arguments, hosts="loopback", mtu=1500,
 
 
 def main(argv=None):
-    """python -m ud_transport.hosts [N] [MTU]: build hosts, print what they look like, remove them."""
+    """python -m ud_transport.lab.hosts [N] [MTU]: build hosts, print what they look like, remove them."""
     import sys
 
     argv = sys.argv[1:] if argv is None else argv

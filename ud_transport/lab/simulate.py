@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from . import _native
+from .. import _native
+from ..tensors import ESTIMATOR_CODES, estimator_code
 from .arguments import ArgumentParser, comma_separated, fraction, integer, one_of
-from .tensors import ESTIMATOR_CODES, estimator_code
 
 log = logging.getLogger("ud_transport")
 

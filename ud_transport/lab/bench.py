@@ -6,7 +6,7 @@ ranks, same sizes, same run, taking turns call by call. Prints an nccl-tests-sty
     python -m ud_transport bench --world-size 4 --algorithm ring,direct   # both schedules beside Gloo
     python -m ud_transport bench --hosts veth --mtu 1500   # each rank in its own network namespace (root)
 
-With --hosts veth every rank runs in a network namespace of its own (ud_transport.hosts): two
+With --hosts veth every rank runs in a network namespace of its own (ud_transport.lab.hosts): two
 ranks share one veth pair, more go through a bridge (as does any run with --kernel-loss, whose
 drops happen in the bridge); links carry MTU-sized packets. Gloo runs over the same links.
 """
@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from . import loss_models
-from .sizes import human, parse_size
+from .. import loss_models
+from ..sizes import human, parse_size
 from .arguments import ArgumentParser, comma_separated, fraction, integer, one_of, positive_number, start_cluster
 
 def rank_input(seed, rank, count, dtype):

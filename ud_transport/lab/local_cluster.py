@@ -77,7 +77,7 @@ def _worker(rank, world_size, port, netns, environment, init_options, connection
 class LocalCluster:
     def __init__(self, world_size, *, netns=None, environment=None, start_timeout_s=120, store_port=None, hosts=None,
                  log_level=None, **init_options):
-        """hosts: a ud_transport.hosts.Hosts with a host per rank; rank r then runs in hosts.namespaces[r]
+        """hosts: a ud_transport.lab.hosts.Hosts with a host per rank; rank r then runs in hosts.namespaces[r]
         with hosts.rank_environment(r) (store on host 0, its own bind address), instead of `netns`.
         log_level: ranks log to their stderr at this level ("WARNING", ...), each line naming its rank."""
         self.world_size = world_size
