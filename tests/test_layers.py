@@ -21,10 +21,7 @@ ENTRY_POINTS = {f"{PACKAGE}.__main__"}
 # once an edge no longer closes a cycle, so the entry goes when the cycle does. Here register()
 # installs the shrink_group adapter, which needs ProcessGroupUD: the call could move to
 # ud_transport/torch/__init__.py, or install() could take the class.
-KNOWN_CYCLE_EDGES = {
-    (f"{PACKAGE}.torch.backend", f"{PACKAGE}.torch.shrinking"):
-        "backend.register() imports shrinking late to call install(); shrinking imports backend's ProcessGroupUD",
-}
+KNOWN_CYCLE_EDGES = {}  # (importer, imported): why; none today
 
 
 def module_files(root=ROOT / PACKAGE, package=PACKAGE):

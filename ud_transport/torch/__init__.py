@@ -7,7 +7,7 @@
     replica_drift(model), ParameterSync(model, every=100)                   # drift, re-alignment
     PhaseAwareBudget(stable_budget=0.1)                                     # budgets by training phase
 """
-from . import policy
+from . import policy, shrinking
 from .backend import BackendOptions, ProcessGroupUD, register
 from .drift import ParameterSync, replica_drift
 from .hook import LossyHookState, lossy_allreduce_hook
@@ -15,6 +15,7 @@ from .phase import PhaseAwareBudget
 from .two_stage import LossTolerantOptimizer
 
 register()
+shrinking.install()  # torch.distributed.shrink_group takes "ud" groups
 
 __all__ = ["BackendOptions", "ProcessGroupUD", "register", "LossyHookState", "lossy_allreduce_hook",
            "LossTolerantOptimizer", "ParameterSync", "replica_drift", "PhaseAwareBudget", "policy"]

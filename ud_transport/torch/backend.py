@@ -693,6 +693,3 @@ def register():
     """
     if "UD" not in dist.Backend._plugins:
         dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu"])
-    from . import shrinking
-
-    shrinking.install()
