@@ -151,8 +151,8 @@ static int prepare(struct udt_comm *comm, struct call *c)
     if (c->schedule.finalize_after == UDT_NO_STEP)
         udt_finalize_owned_block(c); /* a world of one: our block is final as it is */
     uint32_t window = comm->options.window_bytes / comm->options.chunk_bytes;
-    c->window_chunks = window < 16 ? 16 : window;
-    c->copies = c->args.copies ? c->args.copies : 1;
+    c->data.window_chunks = window < 16 ? 16 : window;
+    c->data.copies = c->args.copies ? c->args.copies : 1;
     c->stats->steps = steps;
     c->stats->critical_path = (uint32_t)c->schedule.critical_path;
     return UDT_OK;
@@ -244,7 +244,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->n = comm->world_size;
     c->rank = comm->rank;
     c->layout_tag = layout_tag_of(&c->args, comm->options.chunk_bytes);
-    c->mismatched_rank = -1;
+    c->live.mismatched_rank = -1;
     c->start_ns = now;
     /* until every rank is known to be in the call, only the join timeout runs */
     udt_set_deadlines(c, now, comm->options.join_timeout_ms * 1e-3);
@@ -262,7 +262,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         peer->early_join_valid = 0;
         peer->in_call.last_heard_ns = peer->in_call.heard ? now : 0;
         peer->in_call.join_request_ns = now + udt_join_request_interval(comm, 0); /* data and credits may show it first */
-        c->heard_count += peer->in_call.heard && p != c->rank;
+        c->live.heard_count += peer->in_call.heard && p != c->rank;
     }
     int rc = prepare(comm, c);
     if (rc != UDT_OK)
@@ -283,18 +283,18 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
     c->phase = PHASE_DATA;
     if (c->n == 1) {
         c->phase = PHASE_DONE; /* nothing to exchange, nobody to disagree with */
-        c->decided = 1;
-        c->status = UDT_OK;
+        c->verdict.decided = 1;
+        c->verdict.status = UDT_OK;
         return UDT_OK;
     }
     udt_verdict_begin_peers(c, comm, now);
-    if (c->heard_count == c->n - 1 && !c->all_heard_ns) { /* everyone spoke before we started */
-        c->all_heard_ns = now;
+    if (c->live.heard_count == c->n - 1 && !c->live.all_heard_ns) { /* everyone spoke before we started */
+        c->live.all_heard_ns = now;
         udt_set_deadlines(c, now, c->args.deadline_s);
     }
-    c->join_request_due_ns = now + udt_join_request_interval(comm, 0);
+    c->live.join_request_due_ns = now + udt_join_request_interval(comm, 0);
     if (c->args.count == 0) /* no data to move; the verdict round still checks everyone called alike */
-        c->recv_step = c->send_step = c->schedule.steps;
+        c->data.recv_step = c->data.send_step = c->schedule.steps;
     udt_set_step_deadline(c, now);
     rc = udt_grant_credits(c, now, 1);
     if (rc < 0) {
@@ -364,12 +364,12 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
          * peer's verdict carries a cause, or a peer called with another layout: its data and ours
          * do not fit, as its JOIN or data showed): the verdict round then settles the cause, which
          * the layout tags every verdict carries name alike everywhere */
-        if (now >= c->deadline_ns || c->ports_closed || c->doomed || c->mismatched_rank >= 0) {
+        if (now >= c->live.deadline_ns || c->live.ports_closed || c->live.doomed || c->live.mismatched_rank >= 0) {
             /* whatever has not arrived is lost; close the rest in order so
              * the owned block is still rescaled; abandon unsent data */
-            c->stats->deadline_expired = now >= c->deadline_ns;
+            c->stats->deadline_expired = now >= c->live.deadline_ns;
             udt_close_all_steps(c);
-            c->send_step = c->schedule.steps;
+            c->data.send_step = c->schedule.steps;
             for (uint32_t p = 0; p < c->n; p++) /* what was not sent never will be: a JOIN says so */
                 comm->peers[p].in_call.sent_steps = c->schedule.steps;
         }
@@ -387,14 +387,14 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
      * sent, and with them the cause they decided on. Best effort, and bounded: at most
      * LATE_DRAIN_BATCHES batches, so that a flood (from anyone: strangers' datagrams count too)
      * cannot hold the call past its deadline. */
-    for (int batches = 0; got > 0 && batches < LATE_DRAIN_BATCHES && now >= c->hard_deadline_ns && !c->decided; batches++)
+    for (int batches = 0; got > 0 && batches < LATE_DRAIN_BATCHES && now >= c->live.hard_deadline_ns && !c->verdict.decided; batches++)
         if ((got = receive_some(c, comm, now)) < 0)
             return got;
     if (c->phase == PHASE_DATA) {
         progressed |= udt_close_ready_steps(c, now);
-        if (c->recv_step < c->schedule.steps ? (rc = udt_grant_credits(c, now, 0)) < 0 : (rc = udt_regrant(c, now)) < 0)
+        if (c->data.recv_step < c->schedule.steps ? (rc = udt_grant_credits(c, now, 0)) < 0 : (rc = udt_regrant(c, now)) < 0)
             return rc;
-        if (c->recv_step >= c->schedule.steps && c->send_step >= c->schedule.steps) {
+        if (c->data.recv_step >= c->schedule.steps && c->data.send_step >= c->schedule.steps) {
             udt_verdict_begin(c, comm, now);
             progressed = 1;
         }
@@ -404,7 +404,7 @@ int udt_call_progress(struct udt_comm *comm, uint64_t now, uint64_t *wake_ns)
             return rc;
         progressed |= rc;
     }
-    uint64_t wake = c->phase == PHASE_DATA ? udt_data_wake(c, comm, now) : c->hard_deadline_ns;
+    uint64_t wake = c->phase == PHASE_DATA ? udt_data_wake(c, comm, now) : c->live.hard_deadline_ns;
     if (c->phase == PHASE_VERDICT) {
         rc = udt_verdict_progress(c, comm, now, &wake);
         if (rc < 0)
@@ -441,7 +441,7 @@ static int finish_call(struct udt_comm *comm, uint64_t now, int veto)
     struct udt_collective_stats *st = c->stats;
     udt_uncached_fence(); /* the saves and final values are in memory before the caller (or a stripe) reads */
     note_transport_counters(comm);
-    st->mismatched_rank = c->mismatched_rank;
+    st->mismatched_rank = c->live.mismatched_rank;
     st->elapsed_s = (double)(now - c->start_ns) * 1e-9;
     if (c->phase != PHASE_DONE) {
         c->phase = PHASE_IDLE;

@@ -18,9 +18,9 @@
 #define CREDIT_COPIES 2
 
 /* One past the last position step g sends: each of its chunks `copies` times. */
-static uint32_t passes_end(const struct call *c, uint32_t g) { return chunks_in_block(c, c->step[g].send_block) * c->copies; }
+static uint32_t passes_end(const struct call *c, uint32_t g) { return chunks_in_block(c, c->step[g].send_block) * c->data.copies; }
 
-static uint32_t arrivals_per_regrant(const struct call *c) { return c->window_chunks / 4 ? c->window_chunks / 4 : 1; }
+static uint32_t arrivals_per_regrant(const struct call *c) { return c->data.window_chunks / 4 ? c->data.window_chunks / 4 : 1; }
 
 /* A quarter window of data came from a peer since our last credit to it, and no
  * credit went out for it: the arrivals took room in our window without moving
@@ -31,9 +31,9 @@ static uint32_t arrivals_per_regrant(const struct call *c) { return c->window_ch
 int udt_regrant(struct call *c, uint64_t now)
 {
     struct udt_comm *comm = udt_comm_of(c);
-    if (!c->regrant_due)
+    if (!c->data.regrant_due)
         return 0;
-    c->regrant_due = 0;
+    c->data.regrant_due = 0;
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (p == c->rank || !peer->in_call.granted || peer->in_call.arrived_since_grant < arrivals_per_regrant(c))
@@ -45,8 +45,8 @@ int udt_regrant(struct call *c, uint64_t now)
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
-            c->regrant_due = 1;
-            c->credits_dirty = 1;
+            c->data.regrant_due = 1;
+            c->data.credits_dirty = 1;
             continue;
         }
         peer->in_call.granted_at_ns = now;
@@ -60,9 +60,9 @@ int udt_regrant(struct call *c, uint64_t now)
 static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
 {
     struct peer_state *p = &comm->peers[peer];
-    if (c->copies > 1 && ++p->in_call.arrived_since_grant >= arrivals_per_regrant(c) && p->in_call.granted) {
-        c->regrant_due = 1;
-        c->credits_dirty = 1;
+    if (c->data.copies > 1 && ++p->in_call.arrived_since_grant >= arrivals_per_regrant(c) && p->in_call.granted) {
+        c->data.regrant_due = 1;
+        c->data.credits_dirty = 1;
     }
 }
 
@@ -79,16 +79,16 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
 {
     struct udt_comm *comm = udt_comm_of(c);
     uint64_t refresh = udt_us(comm->options.credit_refresh_us);
-    if (!force && !c->credits_dirty && now < c->credits_walked_ns + refresh)
+    if (!force && !c->data.credits_dirty && now < c->data.credits_walked_ns + refresh)
         return 0; /* nothing moved and no refresh is due */
-    c->credits_walked_ns = now;
-    c->credits_dirty = 0;
+    c->data.credits_walked_ns = now;
+    c->data.credits_dirty = 0;
     comm->credit_epoch++;
     int32_t touched[CREDIT_LOOKAHEAD_STEPS];
     int touched_count = 0;
-    uint32_t budget = c->window_chunks;
+    uint32_t budget = c->data.window_chunks;
     uint32_t looked = 0;
-    for (uint32_t g = c->recv_step; g < c->schedule.steps && budget > 0 && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && budget > 0 && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
         struct step_state *s = &c->state[g];
         int32_t p = c->step[g].recv_peer;
         if (p == UDT_NO_PEER || s->closed)
@@ -110,7 +110,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
     for (int i = 0; i < touched_count; i++) {
         struct peer_state *peer = &comm->peers[touched[i]];
         uint32_t grant = peer->wanted > peer->in_call.granted ? peer->wanted : peer->in_call.granted;
-        int grew = grant >= peer->in_call.granted + c->window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
+        int grew = grant >= peer->in_call.granted + c->data.window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
         if (!force && !grew && now - peer->in_call.granted_at_ns < refresh)
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);
@@ -120,7 +120,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         if (rc < 0)
             return rc;
         if (rc == 0) { /* the socket is full: try again on the next pass */
-            c->credits_dirty = 1;
+            c->data.credits_dirty = 1;
             continue;
         }
         peer->in_call.granted = grant;
@@ -189,7 +189,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         /* a credit is a position, and covers at most a window beyond what we had sent
          * when it came: a forged credit cannot make us overrun the receiver by more
          * (a later copy's position was credited for the first; it counts against the window) */
-        if (g * c->max_chunks + chunk >= peer->in_call.credit_limit || peer->in_call.chunks_queued >= peer->in_call.credit_base + c->window_chunks) {
+        if (g * c->max_chunks + chunk >= peer->in_call.credit_limit || peer->in_call.chunks_queued >= peer->in_call.credit_base + c->data.window_chunks) {
             c->stats->credit_stalls++;
             break;
         }
@@ -232,8 +232,8 @@ static void mark_sent(struct call *c, uint32_t g)
     c->state[g].send_done = 1;
     if (c->step[g].send_peer != UDT_NO_PEER) /* to one receiver, steps go out in order */
         udt_comm_of(c)->peers[c->step[g].send_peer].in_call.sent_steps = g + 1;
-    while (c->send_step < c->schedule.steps && c->state[c->send_step].send_done)
-        c->send_step++;
+    while (c->data.send_step < c->schedule.steps && c->state[c->data.send_step].send_done)
+        c->data.send_step++;
 }
 
 /* Send what dependencies, credit and the socket allow. Steps go out in
@@ -247,8 +247,8 @@ int udt_send_some(struct call *c)
     b.n = 0;
     int progressed = 0, rc;
     comm->send_epoch++;
-    uint32_t end = c->send_step + SEND_LOOKAHEAD_STEPS < c->schedule.steps ? c->send_step + SEND_LOOKAHEAD_STEPS : c->schedule.steps;
-    for (uint32_t g = c->send_step; g < end && b.n < SEND_BATCH; g++) {
+    uint32_t end = c->data.send_step + SEND_LOOKAHEAD_STEPS < c->schedule.steps ? c->data.send_step + SEND_LOOKAHEAD_STEPS : c->schedule.steps;
+    for (uint32_t g = c->data.send_step; g < end && b.n < SEND_BATCH; g++) {
         const struct udt_step *step = &c->step[g];
         struct step_state *state = &c->state[g];
         if (state->send_done)
@@ -385,7 +385,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
         s->announced = h->credit;
     if (h->chunk_index + 1 > s->seen_end) {
         s->seen_end = h->chunk_index + 1;
-        c->credits_dirty = 1;
+        c->data.credits_dirty = 1;
     }
     c->stats->datagrams_received++;
     udt_note_peer_step(c, comm, peer, h->step, now);
@@ -450,7 +450,7 @@ void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_
 static void note_copy(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, uint32_t peer, uint64_t now,
                       int step_open)
 {
-    if (c->copies > 1)
+    if (c->data.copies > 1)
         c->stats->redundant_copies++;
     else if (step_open)
         c->stats->dropped_duplicate++;
@@ -483,7 +483,7 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
     case DROP_EARLY: st->dropped_early++; return;
     case DROP_MISMATCH:
         st->dropped_invalid++;
-        c->mismatched_rank = (int32_t)peer;
+        c->live.mismatched_rank = (int32_t)peer;
         return;
     case DROP_QUIET: return;
     }

@@ -122,6 +122,42 @@ struct step_state {
     uint64_t last_arrival_ns;
 };
 
+/* The data phase's state in a call (data.c). */
+struct call_data {
+    uint32_t recv_step;          /* lowest receive step not yet closed */
+    uint32_t send_step;          /* lowest step whose sending is not done */
+    uint32_t window_chunks;
+    uint32_t copies;             /* of each data datagram we send (args.copies, at least 1) */
+    int regrant_due;             /* a peer's arrivals used a quarter window without a credit back: credit it again */
+    int credits_dirty;           /* something changed that may move a credit */
+    uint64_t credits_walked_ns;
+};
+
+/* Who is in the call and how long to wait (liveness.c). */
+struct call_liveness {
+    uint64_t deadline_ns, hard_deadline_ns; /* the data phase's; the verdict round's, a bounded slack later */
+    uint64_t step_deadline_ns;
+    uint64_t step_opened_ns;     /* when recv_step became the step we wait on (or everyone was heard) */
+    uint32_t heard_count;        /* peers known to be in this call */
+    uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
+    uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
+    uint32_t ports_closed;       /* peers with port_closed set this call: the data phase is over */
+    uint8_t doomed;              /* a peer's verdict carries a cause: the call fails whatever else arrives */
+    int32_t mismatched_rank;     /* a peer that called with another layout (-1: none) */
+};
+
+/* The verdict round (verdict.c). */
+struct call_verdict {
+    uint8_t my_verdict[UDT_VERDICT_BYTES];
+    uint32_t verdicts_got, verdicts_acked;
+    uint64_t verdict_started_ns, decided_ns;
+    uint64_t answered_ns;        /* when we last answered a peer's verdict message */
+    uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
+    uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
+    int decided;
+    uint32_t status;             /* decided status */
+};
+
 struct call {
     int phase;
     struct udt_collective_args args;
@@ -147,35 +183,15 @@ struct call {
     uint8_t *saved;              /* in place: the originals (the scratch) */
     uint8_t final_uncached;      /* the output is the caller's and too large for the cache: final values
                                   * no later step sends go there with stores that bypass it */
-    uint32_t recv_step;          /* lowest receive step not yet closed */
-    uint64_t step_deadline_ns;
-    uint64_t step_opened_ns;     /* when recv_step became the step we wait on (or everyone was heard) */
-    uint32_t send_step;          /* lowest step whose sending is not done */
-    uint32_t window_chunks;
-    uint32_t copies;             /* of each data datagram we send (args.copies, at least 1) */
-    int regrant_due;             /* a peer's arrivals used a quarter window without a credit back: credit it again */
-    int credits_dirty;           /* something changed that may move a credit */
-    uint64_t credits_walked_ns;
-    int32_t mismatched_rank;
-    uint64_t start_ns, deadline_ns, hard_deadline_ns;
+    uint64_t start_ns;
     uint64_t verdict_ns;         /* when the verdict was in (udt_collective_settle counts the output from there) */
-    uint32_t heard_count;        /* peers known to be in this call */
-    uint64_t all_heard_ns;       /* when the last of them was: the data deadline counts from here (0: not yet) */
-    uint64_t join_request_due_ns; /* the earliest JOIN request due to any peer */
-    uint32_t ports_closed;       /* peers with port_closed set this call: the data phase is over */
-    uint8_t doomed;              /* a peer's verdict carries a cause: the call fails whatever else arrives */
+    struct call_data data;       /* data.c */
+    struct call_liveness live;   /* liveness.c */
+    struct call_verdict verdict; /* verdict.c */
+    /* the transport's counters when the call started (they run across calls) */
     uint64_t drops_before;
-    uint64_t overflows_before;   /* the transport's receive-overflow count when the call started */
-    uint64_t send_calls_before, receive_calls_before; /* its system-call counts then */
-    /* verdict round */
-    uint8_t my_verdict[UDT_VERDICT_BYTES];
-    uint32_t verdicts_got, verdicts_acked;
-    uint64_t verdict_started_ns, decided_ns;
-    uint64_t answered_ns;        /* when we last answered a peer's verdict message */
-    uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
-    uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
-    int decided;
-    uint32_t status;             /* decided status */
+    uint64_t overflows_before;   /* receive-overflow drops */
+    uint64_t send_calls_before, receive_calls_before; /* system calls */
 };
 
 struct udt_comm {

@@ -12,8 +12,8 @@
 void udt_set_deadlines(struct call *c, uint64_t from, double seconds)
 {
     double slack_s = c->args.deadline_s / 4 < 0.05 ? 0.05 : c->args.deadline_s / 4 > 1.0 ? 1.0 : c->args.deadline_s / 4;
-    c->deadline_ns = from + (uint64_t)(seconds * 1e9);
-    c->hard_deadline_ns = c->deadline_ns + (uint64_t)(slack_s * 1e9);
+    c->live.deadline_ns = from + (uint64_t)(seconds * 1e9);
+    c->live.hard_deadline_ns = c->live.deadline_ns + (uint64_t)(slack_s * 1e9);
 }
 
 /* A peer showed it is in this call (any valid datagram of it). When it is
@@ -27,8 +27,8 @@ void udt_hear(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now
     p->in_call.heard = 1;
     p->in_call.join_requests = 0; /* from now on requests are liveness probes, starting again at the first interval */
     p->in_call.join_request_ns = 0;
-    if (++c->heard_count == c->n - 1 && !c->all_heard_ns) {
-        c->all_heard_ns = now;
+    if (++c->live.heard_count == c->n - 1 && !c->live.all_heard_ns) {
+        c->live.all_heard_ns = now;
         c->stats->join_wait_s = (double)(now - c->start_ns) * 1e-9;
         udt_set_deadlines(c, now, c->args.deadline_s);
         if (c->phase == PHASE_DATA)
@@ -82,8 +82,8 @@ int udt_on_join(struct call *c, struct udt_comm *comm, const struct udt_wire_hea
             return 0;
         }
         udt_hear(c, comm, peer, now);
-        if (h->layout_tag != c->layout_tag && c->mismatched_rank < 0)
-            c->mismatched_rank = (int32_t)peer; /* it called something else: the data phase ends (see udt_call_progress) */
+        if (h->layout_tag != c->layout_tag && c->live.mismatched_rank < 0)
+            c->live.mismatched_rank = (int32_t)peer; /* it called something else: the data phase ends (see udt_call_progress) */
         if (h->credit > p->in_call.reported_sent) {
             p->in_call.reported_sent = h->credit;
             p->in_call.reported_at_ns = now;
@@ -124,7 +124,7 @@ static int request_join(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 /* Ask every peer not yet heard from in this call whether it is in it. */
 int udt_request_joins(struct call *c, struct udt_comm *comm, uint64_t now)
 {
-    if (c->all_heard_ns || now < c->join_request_due_ns)
+    if (c->live.all_heard_ns || now < c->live.join_request_due_ns)
         return 0;
     uint64_t due = UINT64_MAX;
     int progressed = 0;
@@ -138,7 +138,7 @@ int udt_request_joins(struct call *c, struct udt_comm *comm, uint64_t now)
         if (comm->peers[p].in_call.join_request_ns < due)
             due = comm->peers[p].in_call.join_request_ns;
     }
-    c->join_request_due_ns = due;
+    c->live.join_request_due_ns = due;
     return progressed;
 }
 
@@ -152,10 +152,10 @@ void udt_note_peer_step(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 
 void udt_set_step_deadline(struct call *c, uint64_t now)
 {
-    uint32_t remaining = c->recv_step < c->schedule.steps ? c->state[c->recv_step].receives_after + 1 : 1;
-    uint64_t left = c->deadline_ns > now ? c->deadline_ns - now : 0;
-    c->step_deadline_ns = now + left / remaining;
-    c->step_opened_ns = now;
+    uint32_t remaining = c->data.recv_step < c->schedule.steps ? c->state[c->data.recv_step].receives_after + 1 : 1;
+    uint64_t left = c->live.deadline_ns > now ? c->live.deadline_ns - now : 0;
+    c->live.step_deadline_ns = now + left / remaining;
+    c->live.step_opened_ns = now;
 }
 
 static void close_step(struct call *c, uint32_t g)
@@ -164,18 +164,18 @@ static void close_step(struct call *c, uint32_t g)
     c->stats->chunks_total += s->expected;
     c->stats->chunks_lost += s->expected - s->received;
     s->closed = 1;
-    c->credits_dirty = 1;
+    c->data.credits_dirty = 1;
     if ((int32_t)g == c->schedule.finalize_after)
         udt_finalize_owned_block(c);
 }
 
 void udt_close_all_steps(struct call *c)
 {
-    while (c->recv_step < c->schedule.steps) {
-        struct step_state *s = &c->state[c->recv_step];
+    while (c->data.recv_step < c->schedule.steps) {
+        struct step_state *s = &c->state[c->data.recv_step];
         if (s->expected && s->received < s->expected)
             s->announced && s->received >= s->announced ? c->stats->steps_ended++ : c->stats->steps_timed_out++;
-        close_step(c, c->recv_step++);
+        close_step(c, c->data.recv_step++);
     }
 }
 
@@ -186,7 +186,7 @@ static uint64_t step_quiet_since(const struct call *c, uint32_t g)
     const struct step_state *s = &c->state[g];
     if (udt_comm_of((struct call *)c)->options.idle_close_us == 0 || s->received >= s->expected)
         return 0;
-    return s->last_arrival_ns > c->step_opened_ns ? s->last_arrival_ns : c->step_opened_ns;
+    return s->last_arrival_ns > c->live.step_opened_ns ? s->last_arrival_ns : c->live.step_opened_ns;
 }
 
 /* When a step received every chunk its sender announced (0: not yet). */
@@ -214,13 +214,13 @@ static uint64_t announced_end_ns(const struct step_state *s)
  * 6,812 chunks lost; tests/test_busy_sender.py stops a sender for 0.5 s). */
 static uint64_t ask_due_ns(const struct call *c, const struct udt_comm *comm)
 {
-    if (c->recv_step >= c->schedule.steps)
+    if (c->data.recv_step >= c->schedule.steps)
         return UINT64_MAX;
-    uint32_t g = c->recv_step;
+    uint32_t g = c->data.recv_step;
     int32_t p = c->step[g].recv_peer;
     if (p == UDT_NO_PEER || c->state[g].expected == 0 || comm->peers[p].in_call.reported_sent > g || comm->peers[p].in_call.finished)
         return UINT64_MAX;
-    uint64_t due = c->all_heard_ns ? c->step_deadline_ns : UINT64_MAX;
+    uint64_t due = c->live.all_heard_ns ? c->live.step_deadline_ns : UINT64_MAX;
     uint64_t quiet_since = step_quiet_since(c, g);
     if (quiet_since && quiet_since + udt_us(comm->options.idle_close_us) < due)
         due = quiet_since + udt_us(comm->options.idle_close_us);
@@ -231,7 +231,7 @@ static int sender_to_ask(const struct call *c, const struct udt_comm *comm, uint
 
 int udt_ask_waited_sender(struct call *c, struct udt_comm *comm, uint64_t now)
 {
-    return sender_to_ask(c, comm, now) ? request_join(c, comm, (uint32_t)c->step[c->recv_step].recv_peer, now) : 0;
+    return sender_to_ask(c, comm, now) ? request_join(c, comm, (uint32_t)c->step[c->data.recv_step].recv_peer, now) : 0;
 }
 
 /* When the sender of step g said, in a JOIN, that it sends nothing more of it (0: it did not). */
@@ -249,8 +249,8 @@ int udt_close_ready_steps(struct call *c, uint64_t now)
     struct udt_comm *comm = udt_comm_of(c);
     const struct udt_engine_options *o = &comm->options;
     int closed = 0;
-    while (c->recv_step < c->schedule.steps) {
-        uint32_t g = c->recv_step;
+    while (c->data.recv_step < c->schedule.steps) {
+        uint32_t g = c->data.recv_step;
         struct step_state *s = &c->state[g];
         int32_t p = c->step[g].recv_peer;
         int empty = p == UDT_NO_PEER || s->expected == 0;
@@ -270,7 +270,7 @@ int udt_close_ready_steps(struct call *c, uint64_t now)
         if (!empty && !complete)
             ended ? c->stats->steps_ended++ : answered ? c->stats->steps_answered++ : c->stats->steps_superseded++;
         close_step(c, g);
-        c->recv_step++;
+        c->data.recv_step++;
         udt_set_step_deadline(c, now);
         closed = 1;
     }
@@ -280,13 +280,13 @@ int udt_close_ready_steps(struct call *c, uint64_t now)
 /* Earliest time something is due in the data phase. */
 uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64_t now)
 {
-    uint64_t wake = c->deadline_ns;
-    if (!c->all_heard_ns && c->join_request_due_ns < wake)
-        wake = c->join_request_due_ns;
-    if (c->recv_step >= c->schedule.steps)
+    uint64_t wake = c->live.deadline_ns;
+    if (!c->live.all_heard_ns && c->live.join_request_due_ns < wake)
+        wake = c->live.join_request_due_ns;
+    if (c->data.recv_step >= c->schedule.steps)
         return wake;
-    const struct step_state *s = &c->state[c->recv_step];
-    int32_t p = c->step[c->recv_step].recv_peer;
+    const struct step_state *s = &c->state[c->data.recv_step];
+    int32_t p = c->step[c->data.recv_step].recv_peer;
     /* one rule, one place: the sleep and the asking use the same due time */
     uint64_t ask_due = ask_due_ns(c, comm);
     uint64_t due = now >= ask_due ? comm->peers[p].in_call.join_request_ns : ask_due;
@@ -297,11 +297,11 @@ uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64
      * last walk left without credit (the window went to earlier steps) has an old or no grant
      * time: counting from that alone put the wake in the past, and the loop spun until the
      * earlier step closed (a 16-chunk window, 4 ranks, direct: 100,000+ empty passes a call). */
-    for (uint32_t g = c->recv_step; g < c->schedule.steps && g < c->recv_step + CREDIT_LOOKAHEAD_STEPS; g++) {
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && g < c->data.recv_step + CREDIT_LOOKAHEAD_STEPS; g++) {
         int32_t q = c->step[g].recv_peer;
         if (q == UDT_NO_PEER || c->state[g].closed)
             continue;
-        uint64_t since = comm->peers[q].in_call.granted_at_ns > c->credits_walked_ns ? comm->peers[q].in_call.granted_at_ns : c->credits_walked_ns;
+        uint64_t since = comm->peers[q].in_call.granted_at_ns > c->data.credits_walked_ns ? comm->peers[q].in_call.granted_at_ns : c->data.credits_walked_ns;
         uint64_t refresh = since + udt_us(comm->options.credit_refresh_us);
         if (refresh < wake)
             wake = refresh;
@@ -313,7 +313,7 @@ uint64_t udt_data_wake(const struct call *c, const struct udt_comm *comm, uint64
         wake = announced_end_ns(s) + grace;
     if (p != UDT_NO_PEER && comm->peers[p].in_call.finished && comm->peers[p].in_call.finished_at_ns + grace < wake)
         wake = comm->peers[p].in_call.finished_at_ns + grace;
-    uint64_t reported_at = p != UDT_NO_PEER ? reported_end_ns(c, &comm->peers[p], c->recv_step) : 0;
+    uint64_t reported_at = p != UDT_NO_PEER ? reported_end_ns(c, &comm->peers[p], c->data.recv_step) : 0;
     if (reported_at && reported_at + grace < wake)
         wake = reported_at + grace;
     return wake;
@@ -336,7 +336,7 @@ void udt_note_port_closed(struct call *c, struct udt_comm *comm, uint32_t peer)
     if (peer >= c->n || peer == c->rank || comm->peers[peer].in_call.port_closed)
         return;
     comm->peers[peer].in_call.port_closed = 1;
-    c->ports_closed++;
+    c->live.ports_closed++;
 }
 
 /* An ICMP port unreachable quoting one of our datagrams to a peer says its socket was closed

@@ -104,7 +104,7 @@ static void heed_cause(struct call *c, struct udt_comm *comm, const uint8_t *pay
     udt_verdict_decode(payload, &v);
     if (v.cause == CAUSE_NONE)
         return;
-    c->doomed = 1;
+    c->live.doomed = 1;
     if (v.cause & CAUSE_PORT_CLOSED)
         udt_note_port_closed(c, comm, CAUSE_RANK(v.cause));
 }
@@ -117,7 +117,7 @@ static void verdict_peer_moved_on(struct call *c, struct udt_comm *comm, uint32_
     struct verdict_slot *slot = slot_for(comm, peer, c->sequence);
     if ((slot->flags & VERDICT_GOT) && !(slot->flags & VERDICT_ACKED)) {
         slot->flags |= VERDICT_ACKED;
-        c->verdicts_acked++;
+        c->verdict.verdicts_acked++;
     }
 }
 
@@ -133,12 +133,12 @@ void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now
             c->stats->dropped_invalid++;
         }
         if (slot->flags & VERDICT_GOT) {
-            c->verdicts_got++;
+            c->verdict.verdicts_got++;
             mark_finished(c, comm, p, now);
             heed_cause(c, comm, slot->payload);
         }
         if (slot->flags & VERDICT_ACKED)
-            c->verdicts_acked++;
+            c->verdict.verdicts_acked++;
     }
 }
 
@@ -151,13 +151,13 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
      * gather without it. (A call can also end unheard with nothing to exchange, a peer's block
      * empty: no timeout, no cause.) Layouts are compared from the tags every verdict carries. */
     uint32_t absent = CAUSE_NONE;
-    if (!c->all_heard_ns && now >= c->deadline_ns)
+    if (!c->live.all_heard_ns && now >= c->live.deadline_ns)
         for (uint32_t p = 0; p < c->n; p++)
             if (p != c->rank && !comm->peers[p].in_call.heard)
                 absent = CAUSE_WORD(CAUSE_PEER_TIMEOUT, p);
     /* a closed port we saw is named in the first copy of our verdict, so that every rank that
      * combines it fails alike (evidence seen after this is combined where we decide) */
-    for (uint32_t p = 0; p < c->n && c->ports_closed; p++)
+    for (uint32_t p = 0; p < c->n && c->live.ports_closed; p++)
         if (comm->peers[p].in_call.port_closed && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
             absent = udt_cause_max(absent, CAUSE_WORD(CAUSE_PEER_TIMEOUT, p) | CAUSE_PORT_CLOSED);
     struct udt_verdict mine = {
@@ -167,12 +167,12 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
         .fresh_elements = udt_fresh_elements(c),
         .loss_budget = c->args.loss_budget,
     };
-    udt_verdict_encode(&mine, c->my_verdict);
+    udt_verdict_encode(&mine, c->verdict.my_verdict);
     c->phase = PHASE_VERDICT;
-    c->verdict_started_ns = now;
+    c->verdict.verdict_started_ns = now;
     for (uint32_t p = 0; p < c->n; p++)
         comm->peers[p].in_call.verdict_resend_ns = now; /* everyone is due at once */
-    c->verdict_resend_due_ns = now;
+    c->verdict.verdict_resend_due_ns = now;
 }
 
 void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
@@ -204,11 +204,11 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->layout_tag = h->layout_tag;
             slot->flags |= VERDICT_GOT;
             if (current) {
-                c->verdicts_got++;
+                c->verdict.verdicts_got++;
                 mark_finished(c, comm, peer, now);
                 heed_cause(c, comm, payload);
             }
-        } else if (!(current && c->decided) && slot->layout_tag == h->layout_tag &&
+        } else if (!(current && c->verdict.decided) && slot->layout_tag == h->layout_tag &&
                    (claimed.cause & ~CAUSE_PORT_CLOSED) == CAUSE_WORD(CAUSE_PEER_TIMEOUT, c->rank)) {
             /* a peer that gave up on us sends its verdict on with that cause (decide): take it,
              * so that we fail as it did (the counts are the ones it sent first). Only this cause:
@@ -222,7 +222,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         }
         if (have_ours && !(slot->flags & VERDICT_ACKED)) {
             slot->flags |= VERDICT_ACKED;
-            c->verdicts_acked += current;
+            c->verdict.verdicts_acked += current;
         }
         if (!current)
             verdict_peer_moved_on(c, comm, peer);
@@ -230,8 +230,8 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
          * one that came as an answer: its sender waits to hear we have it);
          * an answer that only repeats what we know is not answered */
         if (current && (!is_reply || news) && c->phase >= PHASE_VERDICT) {
-            send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
-            c->answered_ns = now;
+            send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
+            c->verdict.answered_ns = now;
         }
         return;
     }
@@ -283,7 +283,7 @@ static uint32_t layout_cause(struct call *c, struct udt_comm *comm)
 static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
 {
     struct udt_verdict combined, other;
-    udt_verdict_decode(c->my_verdict, &combined);
+    udt_verdict_decode(c->verdict.my_verdict, &combined);
     uint64_t fresh_least = combined.fresh_elements;
     for (uint32_t p = 0; p < c->n; p++) {
         if (p == c->rank)
@@ -307,7 +307,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     double count = (double)c->args.count;
     int reduces = c->schedule.facts->reduces, gathers = c->schedule.facts->gathers;
     struct udt_verdict mine;
-    udt_verdict_decode(c->my_verdict, &mine);
+    udt_verdict_decode(c->verdict.my_verdict, &mine);
     if (count > 0) {
         uint32_t own = c->schedule.owned_block;
         double own_length = (double)(c->block_first[own + 1] - c->block_first[own]);
@@ -337,25 +337,25 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
         else
             udt_error_check(&comm->error, "rank %u did not join the call: timed out waiting for it (join timeout %.1f s)", blamed,
                      comm->options.join_timeout_ms * 1e-3);
-        c->status = UDT_ERR_PEER_TIMEOUT;
+        c->verdict.status = UDT_ERR_PEER_TIMEOUT;
     } else if (severity == CAUSE_LAYOUT) {
-        c->mismatched_rank = (int32_t)blamed;
+        c->live.mismatched_rank = (int32_t)blamed;
         udt_error_check(&comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
-        c->status = UDT_ERR_LAYOUT_MISMATCH;
+        c->verdict.status = UDT_ERR_LAYOUT_MISMATCH;
     } else if (severity != CAUSE_NONE) {
         udt_error_check(&comm->error, "rank %u failed with a transport error", blamed);
-        c->status = UDT_ERR_TRANSPORT;
+        c->verdict.status = UDT_ERR_TRANSPORT;
     } else if ((st->budget_missed = udt_budget_missed(st->reduce_fraction, st->gather_fraction, combined.loss_budget)) &&
                !c->args.write_on_budget_miss) {
         udt_error_check(&comm->error,
                  "%.2f%% of contributions missing at their owners and %.2f%% of some rank's result stale; budget %.2f%%",
                  100.0 * (1.0 - st->reduce_fraction), 100.0 * (1.0 - st->gather_fraction), 100.0 * combined.loss_budget);
-        c->status = UDT_ERR_LOSS_BUDGET;
+        c->verdict.status = UDT_ERR_LOSS_BUDGET;
     } else {
-        c->status = UDT_OK;
+        c->verdict.status = UDT_OK;
     }
-    c->decided = 1;
-    c->decided_ns = now;
+    c->verdict.decided = 1;
+    c->verdict.decided_ns = now;
     /* kept to answer peers that are still in this call when we are in the next */
     comm->last_verdict_sequence = c->sequence;
     comm->have_last_verdict = 1;
@@ -366,15 +366,15 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
      * as we did instead of passing on the counts it finds; the counts stay our own because a
      * peer sums them with everyone's */
     mine.cause = combined.cause;
-    udt_verdict_encode(&mine, c->my_verdict);
-    memcpy(comm->last_verdict, c->my_verdict, UDT_VERDICT_BYTES);
+    udt_verdict_encode(&mine, c->verdict.my_verdict);
+    memcpy(comm->last_verdict, c->verdict.my_verdict, UDT_VERDICT_BYTES);
     /* a peer we gave up on may only be paused: tell it, as a reply (never answered, sent as
      * many times as an END marker), so that it fails as we do when it wakes; best effort, we
      * leave either way */
     if (severity == CAUSE_PEER_TIMEOUT)
         for (uint32_t p = 0; p < c->n; p++)
             if (p != c->rank && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
-                (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, UDT_AGREE_REPLY);
+                (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, UDT_AGREE_REPLY);
     return 1;
 }
 
@@ -389,7 +389,7 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
         struct peer_state *peer = &comm->peers[p];
         if ((slot_for(comm, p, c->sequence)->flags & VERDICT_ACKED) || left_after_its_verdict(c, comm, p) || peer->in_call.port_closed)
             continue;
-        uint64_t quiet_since = peer->in_call.last_heard_ns > c->decided_ns ? peer->in_call.last_heard_ns : c->decided_ns;
+        uint64_t quiet_since = peer->in_call.last_heard_ns > c->verdict.decided_ns ? peer->in_call.last_heard_ns : c->verdict.decided_ns;
         if (peer->in_call.acks_asked < ACK_QUIET_SENDS || now < quiet_since + ACK_QUIET_INTERVALS * base)
             return 0;
     }
@@ -400,7 +400,7 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
  * will; the cause that names it is in our verdict or in a peer's, so every rank fails alike). */
 static int all_but_closed_answered(const struct call *c, const struct udt_comm *comm)
 {
-    if (!c->ports_closed)
+    if (!c->live.ports_closed)
         return 0;
     for (uint32_t p = 0; p < c->n; p++)
         if (p != c->rank && !comm->peers[p].in_call.port_closed && !(comm->peers[p].slot[c->sequence & 1].flags & VERDICT_GOT))
@@ -413,7 +413,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     int progressed = 0;
     uint32_t others = c->n - 1;
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
-    if (!c->decided && (c->verdicts_got >= others || now >= c->hard_deadline_ns || all_but_closed_answered(c, comm))) {
+    if (!c->verdict.decided && (c->verdict.verdicts_got >= others || now >= c->live.hard_deadline_ns || all_but_closed_answered(c, comm))) {
         progressed |= decide(c, comm, now);
         /* from now on only acknowledgements are missing: ask for them soon */
         uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
@@ -423,29 +423,29 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             if (comm->peers[p].in_call.verdict_resend_ns > soon)
                 comm->peers[p].in_call.verdict_resend_ns = soon;
         }
-        if (c->verdict_resend_due_ns > soon)
-            c->verdict_resend_due_ns = soon;
+        if (c->verdict.verdict_resend_due_ns > soon)
+            c->verdict.verdict_resend_due_ns = soon;
     }
     /* Done once everyone holds our verdict. If we have just answered a peer
      * and this call has seen loss, stay one resend interval to answer again
      * should that answer be lost: the peer cannot return before it hears
      * from us, and after we return nobody answers it until our next call.
      * (On a clean link the answer's copies arrive.) */
-    int lossy = c->stats->chunks_lost > 0 || c->verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
-    uint64_t answer_wait_end = c->answered_ns && lossy ? c->answered_ns + base : 0;
-    if (c->decided && c->verdicts_acked < others && acks_presumed(c, comm, now, base)) {
-        c->stats->verdict_acks_presumed += others - c->verdicts_acked;
-        c->verdicts_acked = others;
+    int lossy = c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
+    uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + base : 0;
+    if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
+        c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
+        c->verdict.verdicts_acked = others;
     }
-    if (c->decided && ((c->verdicts_acked >= others && now >= answer_wait_end) || now >= c->hard_deadline_ns)) {
+    if (c->verdict.decided && ((c->verdict.verdicts_acked >= others && now >= answer_wait_end) || now >= c->live.hard_deadline_ns)) {
         c->phase = PHASE_DONE;
-        c->stats->agree_s = (double)(now - c->verdict_started_ns) * 1e-9;
+        c->stats->agree_s = (double)(now - c->verdict.verdict_started_ns) * 1e-9;
         return 1;
     }
-    uint64_t next = c->verdicts_acked >= others && answer_wait_end < c->hard_deadline_ns ? answer_wait_end : c->hard_deadline_ns;
-    if (now < c->verdict_resend_due_ns) { /* no resend is due: skip the walk over all peers */
-        if (c->verdict_resend_due_ns < next)
-            next = c->verdict_resend_due_ns;
+    uint64_t next = c->verdict.verdicts_acked >= others && answer_wait_end < c->live.hard_deadline_ns ? answer_wait_end : c->live.hard_deadline_ns;
+    if (now < c->verdict.verdict_resend_due_ns) { /* no resend is due: skip the walk over all peers */
+        if (c->verdict.verdict_resend_due_ns < next)
+            next = c->verdict.verdict_resend_due_ns;
         if (next < *wake)
             *wake = next;
         return progressed;
@@ -460,18 +460,18 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             continue;
         if (now >= peer->in_call.verdict_resend_ns) {
             uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;
-            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->my_verdict, flags);
+            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, flags);
             if (rc < 0)
                 return rc;
-            c->verdict_resends += peer->in_call.verdict_attempts > 0;
-            peer->in_call.acks_asked += c->decided;
+            c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0;
+            peer->in_call.acks_asked += c->verdict.decided;
             peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, flags & UDT_AGREE_HAVE_YOURS);
             progressed = 1;
         }
         if (peer->in_call.verdict_resend_ns < due)
             due = peer->in_call.verdict_resend_ns;
     }
-    c->verdict_resend_due_ns = due;
+    c->verdict.verdict_resend_due_ns = due;
     if (due < next)
         next = due;
     if (next < *wake)
@@ -482,5 +482,5 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
 int udt_verdict_status(struct call *c, struct udt_comm *comm)
 {
     (void)comm;
-    return c->status;
+    return c->verdict.status;
 }
