@@ -53,7 +53,7 @@ PORT_RECEIVER, PORT_SENDER = 47001, 47002
 PROGRAM = r'''
 /* One stream of datagrams through native/transport_udp.c, sender or receiver. */
 #define _GNU_SOURCE
-#include "transport.h"
+#include "transport_udp.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
