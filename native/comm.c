@@ -6,9 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blocks.h"
-#include "elementwise.h"
-
 void udt_comm_interrupt(struct udt_comm *comm)
 {
     __atomic_store_n(&comm->interrupted, 1, __ATOMIC_RELEASE);

@@ -5,9 +5,6 @@
 
 #include <string.h>
 
-#include "blocks.h"
-#include "elementwise.h"
-
 void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, uint32_t step)
 {
     memset(h, 0, sizeof *h);

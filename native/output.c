@@ -241,13 +241,10 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
     if (facts->mask_by_sender)
         return algorithm == UDT_ALGORITHM_DIRECT || world_size <= 2
                    ? (uint64_t)world_size * udt_chunks_for(udt_block_length(count, world_size, rank), chunk_elements) : 0;
-    {
-        uint64_t total = 0;
-        for (uint32_t b = 0; b < world_size; b++)
-            total += udt_chunks_for(udt_block_length(count, world_size, b), chunk_elements);
-        return total;
-    }
-    return 0;
+    uint64_t total = 0; /* one per chunk of the tensor */
+    for (uint32_t b = 0; b < world_size; b++)
+        total += udt_chunks_for(udt_block_length(count, world_size, b), chunk_elements);
+    return total;
 }
 
 /* The caller's chunk mask (see udt_collective_args): whose contributions reached this

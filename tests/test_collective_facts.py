@@ -30,13 +30,18 @@ def test_step_counters_count_an_all_to_alls_gather_half():
     assert counters.to_dict()["gather_calls"] == 1 and counters.to_dict()["mean_gather_fraction"] == 0.5
 
 
-@pytest.fixture
-def engine():
-    """A world of two whose peer never answers: a refused call never gets as far as waiting."""
+def _silent_pair(chunk_bytes):
+    """Rank 0 of a world of two whose peer never answers: a refused call never gets as far as waiting."""
     transport = _native.Transport.udp("127.0.0.1", 0, 1 << 20)
     own = transport.address
-    engine = _native.Engine(transport, 0, 2, 7, options_module.build(join_timeout_s=0.2).engine_options(64, 1 << 16))
+    engine = _native.Engine(transport, 0, 2, 7, options_module.build(join_timeout_s=0.2).engine_options(chunk_bytes, 1 << 16))
     engine.set_peers(own + own, 6)
+    return engine
+
+
+@pytest.fixture
+def engine():
+    engine = _silent_pair(64)
     yield engine
     engine.close()
 
@@ -78,11 +83,8 @@ def test_a_refused_call_names_its_argument_and_takes_no_sequence_number(engine, 
     assert engine.sequence == before
 
 
-def test_chunk_bytes_below_one_element_is_refused_before_the_call(engine):
-    transport = _native.Transport.udp("127.0.0.1", 0, 1 << 20)
-    own = transport.address
-    small = _native.Engine(transport, 0, 2, 7, options_module.build(join_timeout_s=0.2).engine_options(4, 1 << 16))
-    small.set_peers(own + own, 6)
+def test_chunk_bytes_below_one_element_is_refused_before_the_call():
+    small = _silent_pair(4)
     data = np.zeros(8, np.float64)
     try:
         status, _, error = small.run(**dict(GOOD, dtype=_native.DTYPE_FLOAT64, input=data.ctypes.data,
