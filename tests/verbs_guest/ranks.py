@@ -11,6 +11,7 @@ Communicator, transports.open_transport, the verbs transport, the engine.
 import datetime
 import multiprocessing
 import os
+import tempfile
 import time
 import traceback
 import urllib.parse
@@ -28,8 +29,11 @@ class DirectoryStore:
 
     def set(self, key, value):
         data = value.encode() if isinstance(value, str) else bytes(value)
-        temporary = f"{self._path(key)}.{os.getpid()}.tmp"
-        with open(temporary, "wb") as out:
+        # mkstemp, not a name from the pid: the two guests boot alike, so rank 0 and rank 2 can
+        # have the same pid, and both closing a round at once then shared one temporary file (the
+        # second os.replace found it gone; CI failed on it once). O_EXCL is decided on the host.
+        descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        with os.fdopen(descriptor, "wb") as out:
             out.write(data)
         os.replace(temporary, self._path(key))
 
