@@ -71,41 +71,41 @@ static int prepare(struct udt_comm *comm, struct call *c)
 {
     const struct udt_collective_args *a = &c->args;
     uint32_t n = comm->world_size;
-    c->wire_bytes = udt_wire_elem_bytes(a->dtype);
-    c->accum_bytes = udt_accum_elem_bytes(a->dtype);
-    c->chunk_elements = comm->options.chunk_bytes / c->wire_bytes; /* at least 1 (refusal) */
-    c->chunk_base = comm->geometry;
-    c->block_first = comm->geometry + n + 1;
+    c->geometry.wire_bytes = udt_wire_elem_bytes(a->dtype);
+    c->geometry.accum_bytes = udt_accum_elem_bytes(a->dtype);
+    c->geometry.chunk_elements = comm->options.chunk_bytes / c->geometry.wire_bytes; /* at least 1 (refusal) */
+    c->geometry.chunk_base = comm->geometry;
+    c->geometry.block_first = comm->geometry + n + 1;
     uint64_t max_chunks = 0;
-    c->chunk_base[0] = 0;
+    c->geometry.chunk_base[0] = 0;
     for (uint32_t b = 0; b <= n; b++)
-        c->block_first[b] = udt_block_start(a->count, n, b);
+        c->geometry.block_first[b] = udt_block_start(a->count, n, b);
     for (uint32_t b = 0; b < n; b++) {
-        uint64_t chunks = udt_chunks_for(udt_block_length(a->count, n, b), c->chunk_elements);
-        c->chunk_base[b + 1] = c->chunk_base[b] + chunks;
+        uint64_t chunks = udt_chunks_for(udt_block_length(a->count, n, b), c->geometry.chunk_elements);
+        c->geometry.chunk_base[b + 1] = c->geometry.chunk_base[b] + chunks;
         if (chunks > max_chunks)
             max_chunks = chunks;
     }
     uint32_t rotation = c->schedule.facts->rotates ? c->sequence % n : 0;
     uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, n);
-    c->max_chunks = (uint32_t)max_chunks;
-    uint64_t total_chunks = c->chunk_base[n];
+    c->geometry.max_chunks = (uint32_t)max_chunks;
+    uint64_t total_chunks = c->geometry.chunk_base[n];
 
-    c->bitmap_bytes = (max_chunks + 7) / 8;
-    size_t step_bytes = (size_t)steps * (sizeof(struct udt_step) + sizeof(struct step_state) + c->bitmap_bytes);
+    c->geometry.bitmap_bytes = (max_chunks + 7) / 8;
+    size_t step_bytes = (size_t)steps * (sizeof(struct udt_step) + sizeof(struct step_state) + c->geometry.bitmap_bytes);
     size_t state_bytes = (size_t)total_chunks * (2 * sizeof(uint16_t) + 1);
-    if (grow((void **)&comm->scratch, &comm->scratch_bytes, (size_t)a->count * c->accum_bytes) ||
+    if (grow((void **)&comm->scratch, &comm->scratch_bytes, (size_t)a->count * c->geometry.accum_bytes) ||
         grow((void **)&comm->chunk_state, &comm->chunk_state_bytes, state_bytes) ||
         grow((void **)&comm->step_memory, &comm->step_memory_bytes, step_bytes))
         return fail(comm, UDT_ERR_NO_MEMORY, "out of memory for the call's buffers");
     c->step = (struct udt_step *)comm->step_memory;
     c->state = (struct step_state *)(c->step + steps);
-    c->arrival_bits = (uint8_t *)(c->state + steps);
+    c->chunks.arrival_bits = (uint8_t *)(c->state + steps);
     if (udt_schedule_build(a->collective, a->algorithm, c->rank, n, a->root, rotation, &c->schedule, c->step, comm->block_scratch) != 0 ||
         c->schedule.steps != steps)
         return fail(comm, UDT_ERR_INVALID_ARGUMENT, "no schedule for this collective and algorithm");
     memset(c->state, 0, (size_t)steps * sizeof(struct step_state));
-    memset(c->arrival_bits, 0, (size_t)steps * c->bitmap_bytes);
+    memset(c->chunks.arrival_bits, 0, (size_t)steps * c->geometry.bitmap_bytes);
     uint32_t receives_after = 0, *sent_later = comm->block_scratch;
     memset(sent_later, 0, n * sizeof *sent_later);
     for (uint32_t g = steps; g-- > 0;) {
@@ -124,29 +124,29 @@ static int prepare(struct udt_comm *comm, struct call *c)
      * the end: as many bytes copied, fewer cache misses. Only for tensors too large for the
      * cache: below, the saves on the send path cost more than one copy out at the end
      * (2 ranks, loopback, 8 MiB: 11.8 against 8.5 ms; 64 MiB: 55 against 67 ms) */
-    c->in_place = c->schedule.facts->may_sum_in_place && a->input == a->output && n > 1 && c->accum_bytes == c->wire_bytes &&
-                  a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
-    c->stats->in_place = c->in_place;
-    c->direct_output = a->direct_output && c->schedule.facts->gathers && !c->schedule.facts->reduces && c->accum_bytes == c->wire_bytes;
-    c->accum = c->in_place || c->direct_output ? (uint8_t *)a->output : comm->scratch;
-    c->final_uncached = (c->in_place || c->direct_output) && a->count * c->wire_bytes >= comm->options.in_place_min_bytes;
-    c->saved = comm->scratch;
-    c->rs_count = (uint16_t *)comm->chunk_state;
-    c->final_count = c->rs_count + total_chunks;
-    c->chunk_flags = (uint8_t *)(c->final_count + total_chunks);
+    c->output.in_place = c->schedule.facts->may_sum_in_place && a->input == a->output && n > 1 && c->geometry.accum_bytes == c->geometry.wire_bytes &&
+                  a->count * c->geometry.wire_bytes >= comm->options.in_place_min_bytes;
+    c->stats->in_place = c->output.in_place;
+    c->output.direct_output = a->direct_output && c->schedule.facts->gathers && !c->schedule.facts->reduces && c->geometry.accum_bytes == c->geometry.wire_bytes;
+    c->output.accum = c->output.in_place || c->output.direct_output ? (uint8_t *)a->output : comm->scratch;
+    c->output.final_uncached = (c->output.in_place || c->output.direct_output) && a->count * c->geometry.wire_bytes >= comm->options.in_place_min_bytes;
+    c->output.saved = comm->scratch;
+    c->chunks.rs_count = (uint16_t *)comm->chunk_state;
+    c->chunks.final_count = c->chunks.rs_count + total_chunks;
+    c->chunks.chunk_flags = (uint8_t *)(c->chunks.final_count + total_chunks);
     for (uint64_t i = 0; i < total_chunks; i++)
-        c->rs_count[i] = 1;
-    memset(c->final_count, 0, total_chunks * sizeof(uint16_t));
-    memset(c->chunk_flags, 0, total_chunks);
+        c->chunks.rs_count[i] = 1;
+    memset(c->chunks.final_count, 0, total_chunks * sizeof(uint16_t));
+    memset(c->chunks.chunk_flags, 0, total_chunks);
     /* what this rank holds fresh before anything arrives: all_gather's own
      * shard, everything at a broadcast's root */
     uint32_t own = c->schedule.owned_block;
     if (c->schedule.facts->holds_own_block)
-        for (uint64_t id = c->chunk_base[own]; id < c->chunk_base[own + 1]; id++)
-            c->final_count[id] = 1;
+        for (uint64_t id = c->geometry.chunk_base[own]; id < c->geometry.chunk_base[own + 1]; id++)
+            c->chunks.final_count[id] = 1;
     if (c->schedule.facts->root_holds_all && c->rank == a->root)
         for (uint64_t id = 0; id < total_chunks; id++)
-            c->final_count[id] = 1;
+            c->chunks.final_count[id] = 1;
 
     if (c->schedule.finalize_after == UDT_NO_STEP)
         udt_finalize_owned_block(c); /* a world of one: our block is final as it is */
@@ -269,7 +269,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         return rc;
     for (uint32_t g = 0; g < c->schedule.steps; g++)
         if (c->step[g].send_peer != UDT_NO_PEER)
-            comm->peers[c->step[g].send_peer].in_call.credit_ceiling = g * c->max_chunks + chunks_in_block(c, c->step[g].send_block);
+            comm->peers[c->step[g].send_peer].in_call.credit_ceiling = g * c->geometry.max_chunks + chunks_in_block(c, c->step[g].send_block);
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (!peer->early_credit_valid || peer->early_credit_sequence != c->sequence)

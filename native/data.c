@@ -103,7 +103,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
             touched[touched_count++] = p;
             peer->wanted = 0;
         }
-        uint32_t want = g * c->max_chunks + s->seen_end + take;
+        uint32_t want = g * c->geometry.max_chunks + s->seen_end + take;
         if (want > peer->wanted)
             peer->wanted = want;
     }
@@ -133,12 +133,12 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
 /* Chunks of a send step that will actually be sent. */
 static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
 {
-    uint64_t base = c->chunk_base[step->send_block];
+    uint64_t base = c->geometry.chunk_base[step->send_block];
     uint32_t count = chunks_in_block(c, step->send_block), sending = 0;
     if (c->schedule.facts->sends_input)
         return count;
     for (uint32_t k = 0; k < count; k++)
-        sending += (step->phase == UDT_STEP_GATHER ? c->final_count[base + k] : c->rs_count[base + k]) != 0;
+        sending += (step->phase == UDT_STEP_GATHER ? c->chunks.final_count[base + k] : c->chunks.rs_count[base + k]) != 0;
     return sending;
 }
 
@@ -176,8 +176,8 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
     struct step_state *state = &c->state[g];
     struct peer_state *peer = &comm->peers[step->send_peer];
     uint32_t block = step->send_block, chunk_count = chunks_in_block(c, block);
-    uint64_t base = c->chunk_base[block];
-    int identity = c->accum_bytes == c->wire_bytes;
+    uint64_t base = c->geometry.chunk_base[block];
+    int identity = c->geometry.accum_bytes == c->geometry.wire_bytes;
     if (!state->send_counted) {
         state->send_announced = count_to_send(c, step);
         state->send_counted = 1;
@@ -189,12 +189,12 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         /* a credit is a position, and covers at most a window beyond what we had sent
          * when it came: a forged credit cannot make us overrun the receiver by more
          * (a later copy's position was credited for the first; it counts against the window) */
-        if (g * c->max_chunks + chunk >= peer->in_call.credit_limit || peer->in_call.chunks_queued >= peer->in_call.credit_base + c->data.window_chunks) {
+        if (g * c->geometry.max_chunks + chunk >= peer->in_call.credit_limit || peer->in_call.chunks_queued >= peer->in_call.credit_base + c->data.window_chunks) {
             c->stats->credit_stalls++;
             break;
         }
         uint64_t id = base + chunk;
-        uint16_t contributions = c->schedule.facts->sends_input ? 1 : step->phase == UDT_STEP_GATHER ? c->final_count[id] : c->rs_count[id];
+        uint16_t contributions = c->schedule.facts->sends_input ? 1 : step->phase == UDT_STEP_GATHER ? c->chunks.final_count[id] : c->chunks.rs_count[id];
         if (contributions == 0)
             continue; /* gather: we never got this chunk; the receiver keeps its own */
         struct udt_wire_header h;
@@ -203,17 +203,17 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         h.chunk_index = chunk;
         h.contributions = contributions;
         h.credit = state->send_announced;
-        h.payload_bytes = (uint32_t)(elements * c->wire_bytes);
+        h.payload_bytes = (uint32_t)(elements * c->geometry.wire_bytes);
         udt_wire_encode(&h, comm->headers[b->n]);
         const void *payload;
-        if (c->schedule.facts->sends_input || !(c->chunk_flags[id] & SCRATCH_VALID)) {
+        if (c->schedule.facts->sends_input || !(c->chunks.chunk_flags[id] & SCRATCH_VALID)) {
             udt_save_original(c, block, chunk);
             payload = input_at(c, first); /* our own input, untouched (in place: the tensor, unchanged) */
         } else if (identity) {
-            payload = c->accum + first * c->accum_bytes;
+            payload = c->output.accum + first * c->geometry.accum_bytes;
         } else {
             uint8_t *slot = comm->staging + (size_t)b->n * comm->options.chunk_bytes;
-            udt_pack(c->args.dtype, slot, c->accum + first * c->accum_bytes, elements);
+            udt_pack(c->args.dtype, slot, c->output.accum + first * c->geometry.accum_bytes, elements);
             payload = slot;
         }
         b->items[b->n] = (struct udt_send_item){.peer = (uint32_t)step->send_peer, .header = comm->headers[b->n],
@@ -327,8 +327,8 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     if (h->chunk_index >= chunks_in_block(c, block))
         return DROP_INVALID;
     uint64_t elements = chunk_length(c, block, h->chunk_index);
-    uint64_t id = c->chunk_base[block] + h->chunk_index;
-    if (h->payload_bytes != elements * c->wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
+    uint64_t id = c->geometry.chunk_base[block] + h->chunk_index;
+    if (h->payload_bytes != elements * c->geometry.wire_bytes || bytes != UDT_WIRE_HEADER_BYTES + h->payload_bytes ||
         h->contributions == 0)
         return DROP_INVALID;
     /* the count the sender announces (finding 7): exact when the schedule says it holds the
@@ -337,14 +337,14 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
         return DROP_INVALID;
     if (c->state[h->step].closed)
         return DROP_CLOSED;
-    if (c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] & (1u << (h->chunk_index % 8)))
+    if (c->chunks.arrival_bits[(size_t)h->step * c->geometry.bitmap_bytes + h->chunk_index / 8] & (1u << (h->chunk_index % 8)))
         return DROP_DUPLICATE;
     /* after the duplicate check: a chunk several senders add to (direct) may be full already
      * because a forged copy got in first; the real one is then a duplicate, not malformed */
     /* a reduce chunk carries no more than the sender's partial can hold (one rank's input in a
      * direct exchange) nor more than the ranks still missing here: believed, a forged count
      * would make the chunk look complete and the real contributions be refused */
-    uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->rs_count[id] : c->n;
+    uint32_t most = step->recv_mode == UDT_RECV_REDUCE ? c->n - c->chunks.rs_count[id] : c->n;
     if (step->recv_mode == UDT_RECV_REDUCE && step->recv_contributions < most)
         most = step->recv_contributions;
     if (h->contributions > most || h->credit <= c->state[h->step].received)
@@ -359,26 +359,26 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     const struct udt_step *step = &c->step[h->step];
     struct step_state *s = &c->state[h->step];
     uint32_t block = step->recv_block;
-    uint64_t id = c->chunk_base[block] + h->chunk_index;
+    uint64_t id = c->geometry.chunk_base[block] + h->chunk_index;
     uint64_t first = chunk_first_element(c, block, h->chunk_index), elements = chunk_length(c, block, h->chunk_index);
-    uint8_t *target = c->accum + first * c->accum_bytes;
+    uint8_t *target = c->output.accum + first * c->geometry.accum_bytes;
     udt_save_original(c, block, h->chunk_index);
     if (step->recv_mode == UDT_RECV_OVERWRITE) {
-        uint64_t bytes = elements * c->wire_bytes;
-        if (c->final_uncached && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
+        uint64_t bytes = elements * c->geometry.wire_bytes;
+        if (c->output.final_uncached && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
             udt_copy_uncached(target, payload, bytes); /* final: next read by the caller, after the call */
         else
             udt_unpack(c->args.dtype, target, payload, elements);
-        c->final_count[id] = h->contributions;
+        c->chunks.final_count[id] = h->contributions;
     } else {
-        if ((c->chunk_flags[id] & SCRATCH_VALID) || c->in_place) /* in place an unchanged chunk is our input */
+        if ((c->chunks.chunk_flags[id] & SCRATCH_VALID) || c->output.in_place) /* in place an unchanged chunk is our input */
             udt_add(c->args.dtype, target, payload, elements);
         else
             udt_add_into(c->args.dtype, target, input_at(c, first), payload, elements);
-        c->rs_count[id] = (uint16_t)(c->rs_count[id] + h->contributions);
+        c->chunks.rs_count[id] = (uint16_t)(c->chunks.rs_count[id] + h->contributions);
     }
-    c->chunk_flags[id] |= SCRATCH_VALID;
-    c->arrival_bits[(size_t)h->step * c->bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
+    c->chunks.chunk_flags[id] |= SCRATCH_VALID;
+    c->chunks.arrival_bits[(size_t)h->step * c->geometry.bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
     s->received++;
     s->last_arrival_ns = now;
     if (h->credit > s->announced) /* the largest wins: a sender cannot send more than it has */

@@ -158,24 +158,26 @@ struct call_verdict {
     uint32_t status;             /* decided status */
 };
 
-struct call {
-    int phase;
-    struct udt_collective_args args;
-    struct udt_collective_stats *stats;
-    struct udt_schedule schedule;
-    struct udt_step *step;       /* schedule.steps entries */
-    struct step_state *state;    /* one per step */
-    uint8_t *arrival_bits;       /* per step, one bit per chunk */
-    size_t bitmap_bytes;         /* per step */
-    uint32_t rank, n, sequence, layout_tag;
+/* Where each element and chunk of the call lives (set once in call.c's prepare, read by every room). */
+struct call_geometry {
     size_t wire_bytes, accum_bytes;
     uint64_t chunk_elements;
     uint32_t max_chunks;         /* in any block: positions are step * max_chunks + chunk */
     uint64_t *chunk_base;        /* n + 1: first chunk id of each block */
     uint64_t *block_first;       /* n + 1: first element of each block (and the end) */
+    size_t bitmap_bytes;         /* per step */
+};
+
+/* What is known of each chunk: counted by data.c as it arrives, read by the verdict and output. */
+struct call_chunks {
+    uint8_t *arrival_bits;       /* per step, one bit per chunk */
     uint16_t *rs_count;          /* contributions summed in a chunk (reduce half) */
     uint16_t *final_count;       /* contributions in the fresh value of a chunk, 0 = not fresh */
     uint8_t *chunk_flags;
+};
+
+/* Where the result is built and how it reaches the caller's tensor (output.c). */
+struct call_output {
     uint8_t *accum;              /* the scratch, or in place the caller's tensor itself */
     uint8_t direct_output;       /* a gather that writes into the output as chunks arrive (args.direct_output) */
     uint8_t in_place;            /* an allreduce whose input is its output: the tensor accumulates, each
@@ -183,8 +185,22 @@ struct call {
     uint8_t *saved;              /* in place: the originals (the scratch) */
     uint8_t final_uncached;      /* the output is the caller's and too large for the cache: final values
                                   * no later step sends go there with stores that bypass it */
+};
+
+/* One call; call.c's start zeroes it whole, so every room's state begins at zero. */
+struct call {
+    int phase;
+    struct udt_collective_args args;
+    struct udt_collective_stats *stats;
+    struct udt_schedule schedule;
+    struct udt_step *step;       /* schedule.steps entries */
+    struct step_state *state;    /* one per step */
+    uint32_t rank, n, sequence, layout_tag;
     uint64_t start_ns;
     uint64_t verdict_ns;         /* when the verdict was in (udt_collective_settle counts the output from there) */
+    struct call_geometry geometry;
+    struct call_chunks chunks;
+    struct call_output output;   /* output.c */
     struct call_data data;       /* data.c */
     struct call_liveness live;   /* liveness.c */
     struct call_verdict verdict; /* verdict.c */
@@ -236,25 +252,25 @@ static inline struct udt_comm *udt_comm_of(struct call *c)
 
 static inline uint32_t chunks_in_block(const struct call *c, uint32_t block)
 {
-    return (uint32_t)(c->chunk_base[block + 1] - c->chunk_base[block]);
+    return (uint32_t)(c->geometry.chunk_base[block + 1] - c->geometry.chunk_base[block]);
 }
 
 static inline uint64_t chunk_first_element(const struct call *c, uint32_t block, uint32_t chunk)
 {
-    return c->block_first[block] + (uint64_t)chunk * c->chunk_elements;
+    return c->geometry.block_first[block] + (uint64_t)chunk * c->geometry.chunk_elements;
 }
 
 static inline uint64_t chunk_length(const struct call *c, uint32_t block, uint32_t chunk)
 {
-    uint64_t first = chunk_first_element(c, block, chunk), end = c->block_first[block + 1];
-    return end - first < c->chunk_elements ? end - first : c->chunk_elements;
+    uint64_t first = chunk_first_element(c, block, chunk), end = c->geometry.block_first[block + 1];
+    return end - first < c->geometry.chunk_elements ? end - first : c->geometry.chunk_elements;
 }
 
 /* The caller's input for an element: when the input is a shard (all_gather), only ours. */
 static inline const uint8_t *input_at(const struct call *c, uint64_t element)
 {
-    uint64_t offset = c->schedule.facts->input_is_shard ? element - c->block_first[c->rank] : element;
-    return (const uint8_t *)c->args.input + offset * c->wire_bytes;
+    uint64_t offset = c->schedule.facts->input_is_shard ? element - c->geometry.block_first[c->rank] : element;
+    return (const uint8_t *)c->args.input + offset * c->geometry.wire_bytes;
 }
 
 /* What becomes of a datagram that arrives (data.c, liveness.c) */

@@ -17,19 +17,19 @@
  * sum then read cost a read of the scratch from memory on top, and evicted the tensor. */
 void udt_save_original(struct call *c, uint32_t block, uint32_t chunk)
 {
-    uint64_t base = c->chunk_base[block];
-    if (!c->in_place || (c->chunk_flags[base + chunk] & ORIGINAL_SAVED))
+    uint64_t base = c->geometry.chunk_base[block];
+    if (!c->output.in_place || (c->chunks.chunk_flags[base + chunk] & ORIGINAL_SAVED))
         return;
     uint32_t end = chunk, chunks = chunks_in_block(c, block);
     uint64_t bytes = 0;
     do {
-        c->chunk_flags[base + end] |= ORIGINAL_SAVED;
-        bytes += chunk_length(c, block, end) * c->wire_bytes;
+        c->chunks.chunk_flags[base + end] |= ORIGINAL_SAVED;
+        bytes += chunk_length(c, block, end) * c->geometry.wire_bytes;
         end++;
-    } while (end < chunks && bytes < SAVE_AHEAD_BYTES && !(c->chunk_flags[base + end] & ORIGINAL_SAVED));
+    } while (end < chunks && bytes < SAVE_AHEAD_BYTES && !(c->chunks.chunk_flags[base + end] & ORIGINAL_SAVED));
     uint64_t first = chunk_first_element(c, block, chunk);
-    uint8_t *to = c->saved + first * c->wire_bytes;
-    const uint8_t *from = c->accum + first * c->wire_bytes;
+    uint8_t *to = c->output.saved + first * c->geometry.wire_bytes;
+    const uint8_t *from = c->output.accum + first * c->geometry.wire_bytes;
     if (bytes >= UNCACHED_MIN_BYTES)
         udt_copy_uncached(to, from, bytes);
     else
@@ -43,20 +43,20 @@ void udt_finalize_owned_block(struct call *c)
     if (!c->schedule.facts->reduces)
         return;
     uint32_t block = c->schedule.owned_block, chunk_count = chunks_in_block(c, block);
-    uint64_t base = c->chunk_base[block];
+    uint64_t base = c->geometry.chunk_base[block];
     for (uint32_t chunk = 0; chunk < chunk_count; chunk++) {
         uint64_t id = base + chunk;
         uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
-        uint8_t *value = c->accum + first * c->accum_bytes;
+        uint8_t *value = c->output.accum + first * c->geometry.accum_bytes;
         udt_save_original(c, block, chunk);
-        if (!(c->chunk_flags[id] & SCRATCH_VALID)) {
-            if (!c->in_place) /* in place the tensor holds our input already */
+        if (!(c->chunks.chunk_flags[id] & SCRATCH_VALID)) {
+            if (!c->output.in_place) /* in place the tensor holds our input already */
                 udt_load(c->args.dtype, value, input_at(c, first), elements);
-            c->chunk_flags[id] |= SCRATCH_VALID;
+            c->chunks.chunk_flags[id] |= SCRATCH_VALID;
         }
-        if (c->args.estimator == UDT_ESTIMATOR_UNBIASED && c->rs_count[id] != c->n)
-            udt_scale(c->args.dtype, value, elements, (double)c->n / c->rs_count[id]);
-        c->final_count[id] = c->rs_count[id];
+        if (c->args.estimator == UDT_ESTIMATOR_UNBIASED && c->chunks.rs_count[id] != c->n)
+            udt_scale(c->args.dtype, value, elements, (double)c->n / c->chunks.rs_count[id]);
+        c->chunks.final_count[id] = c->chunks.rs_count[id];
     }
 }
 
@@ -67,11 +67,11 @@ uint64_t udt_fresh_elements(const struct call *c)
     uint64_t fresh = 0;
     for (uint32_t block = 0; block < c->n; block++) {
         if (c->schedule.facts->holds_own_block && block == c->schedule.owned_block) {
-            fresh += c->block_first[block + 1] - c->block_first[block];
+            fresh += c->geometry.block_first[block + 1] - c->geometry.block_first[block];
             continue;
         }
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++)
-            if (c->final_count[c->chunk_base[block] + chunk])
+            if (c->chunks.final_count[c->geometry.chunk_base[block] + chunk])
                 fresh += chunk_length(c, block, chunk);
     }
     return fresh;
@@ -84,7 +84,7 @@ uint64_t udt_reduce_weighted(const struct call *c)
     uint32_t block = c->schedule.owned_block;
     uint64_t weighted = 0;
     for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++)
-        weighted += (uint64_t)c->rs_count[c->chunk_base[block] + chunk] * chunk_length(c, block, chunk);
+        weighted += (uint64_t)c->chunks.rs_count[c->geometry.chunk_base[block] + chunk] * chunk_length(c, block, chunk);
     return weighted;
 }
 
@@ -93,16 +93,16 @@ uint64_t udt_reduce_weighted(const struct call *c)
 static double allreduce_factor(const struct call *c, uint64_t id, uint16_t *contributions)
 {
     double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
-    if (c->final_count[id]) {
-        *contributions = c->final_count[id];
+    if (c->chunks.final_count[id]) {
+        *contributions = c->chunks.final_count[id];
         return mean;
     }
     if (c->args.estimator == UDT_ESTIMATOR_ZERO_FILL) {
         *contributions = 0;
         return 0.0;
     }
-    *contributions = c->rs_count[id];
-    return mean * c->n / c->rs_count[id];
+    *contributions = c->chunks.rs_count[id];
+    return mean * c->n / c->chunks.rs_count[id];
 }
 
 double udt_delivered_fraction(const struct call *c)
@@ -111,7 +111,7 @@ double udt_delivered_fraction(const struct call *c)
         return 1.0;
     switch (c->schedule.facts->output) {
     case UDT_OUTPUT_REDUCED_SHARD: {
-        uint64_t length = c->block_first[c->rank + 1] - c->block_first[c->rank];
+        uint64_t length = c->geometry.block_first[c->rank + 1] - c->geometry.block_first[c->rank];
         return length ? (double)udt_reduce_weighted(c) / ((double)c->n * (double)length) : 1.0;
     }
     case UDT_OUTPUT_GATHERED:
@@ -125,7 +125,7 @@ double udt_delivered_fraction(const struct call *c)
     for (uint32_t block = 0; block < c->n; block++) {
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint16_t contributions;
-            allreduce_factor(c, c->chunk_base[block] + chunk, &contributions);
+            allreduce_factor(c, c->geometry.chunk_base[block] + chunk, &contributions);
             delivered += (double)contributions * (double)chunk_length(c, block, chunk);
         }
     }
@@ -158,7 +158,7 @@ static void flush_run(const struct call *c, struct write_run *r)
         udt_rescale_wire(c->args.dtype, r->out, r->elements, r->factor);
         break;
     case WRITE_MOVE:
-        memmove(r->out, r->src, r->elements * c->wire_bytes);
+        memmove(r->out, r->src, r->elements * c->geometry.wire_bytes);
         break;
     default:
         break;
@@ -172,8 +172,8 @@ static void flush_run(const struct call *c, struct write_run *r)
 static void write_chunk(const struct call *c, struct write_run *r, enum write_kind kind, double factor, uint8_t *out,
                         const uint8_t *src, uint64_t elements)
 {
-    size_t src_bytes = kind == WRITE_STORE ? c->accum_bytes : c->wire_bytes;
-    if (r->kind == kind && r->factor == factor && r->out + r->elements * c->wire_bytes == out &&
+    size_t src_bytes = kind == WRITE_STORE ? c->geometry.accum_bytes : c->geometry.wire_bytes;
+    if (r->kind == kind && r->factor == factor && r->out + r->elements * c->geometry.wire_bytes == out &&
         (kind == WRITE_RESCALE || r->src + r->elements * src_bytes == src)) {
         r->elements += elements;
         return;
@@ -189,14 +189,14 @@ static void write_allreduce(struct call *c)
     for (uint32_t block = 0; block < c->n; block++) {
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
             uint16_t contributions;
-            uint64_t id = c->chunk_base[block] + chunk;
+            uint64_t id = c->geometry.chunk_base[block] + chunk;
             double factor = allreduce_factor(c, id, &contributions);
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
-            if (c->chunk_flags[id] & SCRATCH_VALID)
-                write_chunk(c, &run, WRITE_STORE, factor, out + first * c->wire_bytes, c->accum + first * c->accum_bytes,
+            if (c->chunks.chunk_flags[id] & SCRATCH_VALID)
+                write_chunk(c, &run, WRITE_STORE, factor, out + first * c->geometry.wire_bytes, c->output.accum + first * c->geometry.accum_bytes,
                             elements);
             else /* a hole where nothing ever arrived: our own input, rescaled in place */
-                write_chunk(c, &run, WRITE_RESCALE, factor, out + first * c->wire_bytes, NULL, elements);
+                write_chunk(c, &run, WRITE_RESCALE, factor, out + first * c->geometry.wire_bytes, NULL, elements);
         }
     }
     flush_run(c, &run);
@@ -210,14 +210,14 @@ static void write_gathered(struct call *c)
     for (uint32_t block = 0; block < c->n; block++) {
         int own_input = c->schedule.facts->holds_own_block && block == c->schedule.owned_block;
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
-            uint64_t id = c->chunk_base[block] + chunk;
+            uint64_t id = c->geometry.chunk_base[block] + chunk;
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
-            uint8_t *target = out + first * c->wire_bytes;
-            int in_scratch = (c->chunk_flags[id] & SCRATCH_VALID) && !own_input;
-            if (own_input || (!in_scratch && c->final_count[id] && input_at(c, first) != target))
+            uint8_t *target = out + first * c->geometry.wire_bytes;
+            int in_scratch = (c->chunks.chunk_flags[id] & SCRATCH_VALID) && !own_input;
+            if (own_input || (!in_scratch && c->chunks.final_count[id] && input_at(c, first) != target))
                 write_chunk(c, &run, WRITE_MOVE, 1.0, target, input_at(c, first), elements);
-            else if (in_scratch && c->final_count[id] && !c->direct_output) /* direct: it is there already */
-                write_chunk(c, &run, WRITE_STORE, 1.0, target, c->accum + first * c->accum_bytes, elements);
+            else if (in_scratch && c->chunks.final_count[id] && !c->output.direct_output) /* direct: it is there already */
+                write_chunk(c, &run, WRITE_STORE, 1.0, target, c->output.accum + first * c->geometry.accum_bytes, elements);
             else
                 flush_run(c, &run); /* the chunk keeps what the output holds */
         }
@@ -253,8 +253,8 @@ static void write_chunk_mask(struct call *c)
 {
     uint8_t *mask = c->args.chunk_mask;
     if (!c->schedule.facts->mask_by_sender) {
-        for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
-            mask[id] = c->final_count[id] != 0;
+        for (uint64_t id = 0; id < c->geometry.chunk_base[c->n]; id++)
+            mask[id] = c->chunks.final_count[id] != 0;
         return;
     }
     uint32_t block = c->schedule.owned_block, chunks = chunks_in_block(c, block);
@@ -264,7 +264,7 @@ static void write_chunk_mask(struct call *c)
         const struct udt_step *step = &c->step[s];
         if (step->recv_peer == UDT_NO_PEER || step->recv_mode != UDT_RECV_REDUCE || step->recv_block != block)
             continue;
-        const uint8_t *bits = c->arrival_bits + (size_t)s * c->bitmap_bytes;
+        const uint8_t *bits = c->chunks.arrival_bits + (size_t)s * c->geometry.bitmap_bytes;
         for (uint32_t k = 0; k < chunks; k++)
             mask[(size_t)step->recv_peer * chunks + k] = (bits[k / 8] >> (k % 8)) & 1u;
     }
@@ -274,19 +274,19 @@ static void write_chunk_mask(struct call *c)
  * (a saved chunk may not have changed; putting it back is then harmless). */
 void udt_restore_originals(struct call *c)
 {
-    if (!c->in_place)
+    if (!c->output.in_place)
         return;
     for (uint32_t block = 0; block < c->n; block++)
         for (uint32_t chunk = 0; chunk < chunks_in_block(c, block); chunk++) {
-            uint64_t id = c->chunk_base[block] + chunk;
-            if (!(c->chunk_flags[id] & ORIGINAL_SAVED))
+            uint64_t id = c->geometry.chunk_base[block] + chunk;
+            if (!(c->chunks.chunk_flags[id] & ORIGINAL_SAVED))
                 continue;
             uint64_t first = chunk_first_element(c, block, chunk);
-            memcpy(c->accum + first * c->wire_bytes, c->saved + first * c->wire_bytes,
-                   chunk_length(c, block, chunk) * c->wire_bytes);
-            c->chunk_flags[id] &= (uint8_t)~ORIGINAL_SAVED;
+            memcpy(c->output.accum + first * c->geometry.wire_bytes, c->output.saved + first * c->geometry.wire_bytes,
+                   chunk_length(c, block, chunk) * c->geometry.wire_bytes);
+            c->chunks.chunk_flags[id] &= (uint8_t)~ORIGINAL_SAVED;
         }
-    c->in_place = 0;
+    c->output.in_place = 0;
 }
 
 int udt_write_output(struct call *c)
@@ -295,8 +295,8 @@ int udt_write_output(struct call *c)
         write_chunk_mask(c);
     c->stats->chunks_stale = 0;
     if (c->schedule.facts->gathers)
-        for (uint64_t id = 0; id < c->chunk_base[c->n]; id++)
-            c->stats->chunks_stale += c->final_count[id] == 0;
+        for (uint64_t id = 0; id < c->geometry.chunk_base[c->n]; id++)
+            c->stats->chunks_stale += c->chunks.final_count[id] == 0;
     switch (c->schedule.facts->output) {
     case UDT_OUTPUT_REDUCED:
         write_allreduce(c);
@@ -304,9 +304,9 @@ int udt_write_output(struct call *c)
     case UDT_OUTPUT_REDUCED_SHARD: {
         uint32_t block = c->schedule.owned_block;
         double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
-        uint64_t first = c->block_first[block], length = c->block_first[block + 1] - first;
+        uint64_t first = c->geometry.block_first[block], length = c->geometry.block_first[block + 1] - first;
         if (length)
-            udt_store(c->args.dtype, c->args.output, c->accum + first * c->accum_bytes, length, mean);
+            udt_store(c->args.dtype, c->args.output, c->output.accum + first * c->geometry.accum_bytes, length, mean);
         break;
     }
     case UDT_OUTPUT_GATHERED:

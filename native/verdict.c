@@ -310,7 +310,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     udt_verdict_decode(c->verdict.my_verdict, &mine);
     if (count > 0) {
         uint32_t own = c->schedule.owned_block;
-        double own_length = (double)(c->block_first[own + 1] - c->block_first[own]);
+        double own_length = (double)(c->geometry.block_first[own + 1] - c->geometry.block_first[own]);
         st->reduce_fraction = reduces ? (double)combined.reduce_weighted / ((double)c->n * count) : 1.0;
         st->gather_fraction = gathers ? (double)fresh_least / count : 1.0;
         st->own_reduce_fraction = reduces && own_length > 0 ? (double)mine.reduce_weighted / ((double)c->n * own_length) : 1.0;

@@ -83,11 +83,11 @@ static void drain_all(struct udt_transport **peers, uint32_t world, uint32_t ran
             }
 }
 
-static uint32_t chunks_of(const struct call *c, uint32_t block) { return (uint32_t)(c->chunk_base[block + 1] - c->chunk_base[block]); }
+static uint32_t chunks_of(const struct call *c, uint32_t block) { return (uint32_t)(c->geometry.chunk_base[block + 1] - c->geometry.chunk_base[block]); }
 static uint64_t chunk_len(const struct call *c, uint32_t block, uint32_t chunk)
 {
-    uint64_t end = c->block_first[block + 1], first = c->block_first[block] + (uint64_t)chunk * c->chunk_elements;
-    return end - first < c->chunk_elements ? end - first : c->chunk_elements;
+    uint64_t end = c->geometry.block_first[block + 1], first = c->geometry.block_first[block] + (uint64_t)chunk * c->geometry.chunk_elements;
+    return end - first < c->geometry.chunk_elements ? end - first : c->geometry.chunk_elements;
 }
 
 static int run_out(struct udt_comm *comm, struct udt_transport **peers, uint32_t world, uint32_t rank, uint64_t *now)
@@ -223,7 +223,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         if (chunks)
                             h.chunk_index %= chunks;
                         uint64_t el = chunks ? chunk_len(c, st->recv_block, h.chunk_index) : 0;
-                        h.payload_bytes = (uint32_t)(el * c->wire_bytes);
+                        h.payload_bytes = (uint32_t)(el * c->geometry.wire_bytes);
                         length = UDT_WIRE_HEADER_BYTES + h.payload_bytes;
                         if (length > MAX_DATAGRAM)
                             length = MAX_DATAGRAM;
