@@ -461,7 +461,8 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
     refusing = {"scatter, the root's pieces too short": {2}, "gather, the root's outputs too few": {2},
                 "all_gather, one rank's outputs too few": {0}, "all_gather, every rank's outputs too few": {0, 1, 2},
                 "reduce_scatter_tensor, one rank's input too long": {0},  # the others' call is lossy, of 2 elements
-                "reduce_scatter_tensor, no input on one rank": {0}}  # the refusing rank has nothing to send
+                "reduce_scatter_tensor, no input on one rank": {0},  # the refusing rank has nothing to send
+                "all_reduce, BXOR on one rank": {0}, "broadcast, a tensor off the host on one rank": {0}}
     # found in the exchanged split table: the same ValueError everywhere (a rank with no rows made
     # no call at all before, and the others waited)
     everywhere = {"all_to_all_single, one rank's output rows differ", "all_to_all_single, no rows on one rank"}
@@ -479,4 +480,7 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
         assert out["reduce_scatter_tensor, a float64 output on one rank"] == (
             ("TypeError", None) if rank == 0 else ("LayoutMismatch", 0)), (rank, out)
         assert out["after"] == [[6.0] * 4] * (len(refusing) + len(everywhere) + 3)
+        # the caller's thread refuses what it can see (as Gloo's asserts): the worker never does
+        assert (out.get("BXOR refused by the call itself"), out.get("meta refused by the call itself")) == (
+            (True, True) if rank == 0 else (None, None)), (rank, out)
         assert out["all_to_all_single, splits on one rank only"] == [10.0 * sender + rank for sender in range(world)]

@@ -735,6 +735,17 @@ def c10d_edges(comm, tag):
     return out
 
 
+def _refused_by_the_call(out, name, start):
+    """start() makes an async call; out[name] records whether the call itself raised (the caller's
+    thread refused it) rather than its wait()."""
+    try:
+        work = start()
+    except (ValueError, TypeError):
+        out[f"{name} refused by the call itself"] = True
+        raise
+    work.wait()
+
+
 def refusals_of_one_rank(comm, tag):
     """Argument errors only one rank can see (a root's lists; one rank's own wrong outputs), then a
     wrong list on every rank, each followed by an all_reduce on the same group. Returns
@@ -769,6 +780,13 @@ def refusals_of_one_rank(comm, tag):
             # refused inside the call, before the engine: the round goes in its place
             "reduce_scatter_tensor, a float64 output on one rank": lambda: dist.reduce_scatter_tensor(
                 torch.empty(1, dtype=torch.float64 if r == 0 else torch.float32), torch.ones(n), group=group),
+            # refused on the caller's thread, by the call itself (not at wait()): a reduction the exact
+            # path has not, and a tensor off the host (a meta tensor stands in for a CUDA one here)
+            "all_reduce, BXOR on one rank": lambda: _refused_by_the_call(out, "BXOR", lambda: dist.all_reduce(
+                torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BXOR if r == 0 else dist.ReduceOp.SUM,
+                group=group, async_op=True)),
+            "broadcast, a tensor off the host on one rank": lambda: _refused_by_the_call(out, "meta", lambda: dist.broadcast(
+                torch.empty(2, device="meta" if r == 0 else "cpu"), src=0, group=group, async_op=True)),
         }
         out["after"] = []
         for name, call in cases.items():

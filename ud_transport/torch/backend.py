@@ -319,6 +319,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if any(t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, op)
+        with self._refusing():
+            _check_tensors("allreduce", tensors)
+            _check_op("allreduce", op)
 
         def run():
             for index, tensor in enumerate(tensors):
@@ -345,6 +348,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         root = opts.rootRank if opts is not None else 0
+        with self._refusing():
+            _check_tensors("broadcast", tensors)
 
         def run():
             for index, tensor in enumerate(tensors):
@@ -362,6 +367,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         `result`: what the Work's future carries, if not the outputs in that order."""
         keeps = root is None or self.rank() == root
         with self._refusing():
+            _check_tensors(what, list(input_tensors) + [t for outputs in (output_lists if keeps else ()) for t in outputs])
             for outputs, shard in zip(output_lists if keeps else (), input_tensors):
                 if len(outputs) != self.size() or any(output.numel() != shard.numel() for output in outputs):
                     raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
@@ -379,6 +385,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def _allgather_base(self, output, shard, opts=None):
         with self._refusing():
+            _check_tensors("all_gather_into_tensor", [output, shard])
             _check_gather_output(output, shard, self.size())
 
         def run():  # pairs with an all_gather of one input: the same call
@@ -387,6 +394,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
         with self._refusing():
+            _check_tensors("all_gather_into_tensor", list(outputs) + list(shards))
             for output, shard in zip(outputs, shards):
                 _check_gather_output(output, shard, self.size())
 
@@ -413,6 +421,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         with self._refusing():
+            _check_tensors("reduce_scatter", list(output_tensors) + [p for pieces in input_lists for p in pieces])
+            _check_op("reduce_scatter", op)
             for output, pieces in zip(output_tensors, input_lists):
                 if len(pieces) != self.size() or len({p.numel() for p in pieces}) != 1 or pieces[0].numel() != output.numel():
                     raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
@@ -427,6 +437,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         with self._refusing():
+            _check_tensors("reduce_scatter_tensor", [output, flat_input])
+            _check_op("reduce_scatter_tensor", op)
             self._check_reduce_scatter_sizes(output, flat_input)
 
         def run():
@@ -437,6 +449,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         with self._refusing():  # all before the first call: one refused later would leave its calls one short
+            _check_tensors("reduce_scatter_tensor", list(outputs) + list(inputs))
+            _check_op("reduce_scatter_tensor", op)
             for output, flat_input in zip(outputs, inputs):
                 self._check_reduce_scatter_sizes(output, flat_input)
                 if flat_input.dtype != output.dtype:
@@ -465,6 +479,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         root = opts.rootRank if opts is not None else 0
+        with self._refusing():
+            _check_tensors("reduce", tensors)
+            _check_op("reduce", op)
 
         def run():
             for index, tensor in enumerate(tensors):
@@ -479,10 +496,10 @@ class ProcessGroupUD(dist.ProcessGroup):
     def scatter(self, output_tensors, input_lists, opts=None):
         root = opts.rootRank if opts is not None else 0
         on_root = self.rank() == root
-        if on_root:
-            with self._refusing():
-                for output, pieces in zip(output_tensors, input_lists):
-                    composite.check_scatter_pieces(pieces, output, self.size())
+        with self._refusing():
+            _check_tensors("scatter", list(output_tensors) + ([p for pieces in input_lists for p in pieces] if on_root else []))
+            for output, pieces in zip(output_tensors, input_lists if on_root else ()):
+                composite.check_scatter_pieces(pieces, output, self.size())
 
         def run():
             for index, output in enumerate(output_tensors):
@@ -493,6 +510,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
         with self._refusing():
+            _check_tensors("all_to_all_single", [output, source])
             composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
         def run():
@@ -504,6 +522,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         with self._refusing():
+            _check_tensors("all_to_all", list(output_tensors) + list(input_tensors))
             if len(output_tensors) != self.size() or len(input_tensors) != self.size():
                 raise ValueError(f"all_to_all on 'ud' needs {self.size()} inputs and {self.size()} outputs, "
                                  f"got {len(input_tensors)} and {len(output_tensors)}")
@@ -534,8 +553,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         Work's _source_rank() names it); see point_to_point.Channels.recv_anysource."""
         if len(tensors) != 1:
             raise ValueError(f"recv on 'ud' takes one tensor, got {len(tensors)}")
-        if tensors[0].device.type != "cpu":
-            raise ValueError(f"recv on 'ud' takes CPU tensors, got one on {tensors[0].device}")
+        _check_tensors("recv", tensors)
         if self.size() < 2:
             raise ValueError("recv from any source on 'ud': a group of one rank has no other rank to receive from")
         return self._channels.recv_anysource(tensors[0], tag, self.size())
@@ -545,10 +563,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             raise ValueError(f"{what} on 'ud' takes one tensor, got {len(tensors)}")
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"{what} on 'ud': peer rank {peer} is not another rank of this group of {self.size()}")
-        tensor = tensors[0]
-        if tensor.device.type != "cpu":
-            raise ValueError(f"{what} on 'ud' takes CPU tensors, got one on {tensor.device}")
-        return tensor
+        _check_tensors(what, tensors)
+        return tensors[0]
 
     # -- shrinking: torch.distributed.shrink_group (ud_transport.torch.shrinking) -------------
 
@@ -670,6 +686,29 @@ def _check_gather_output(output, shard, world_size):
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all_gather_into_tensor on 'ud': the output has {output.numel()} elements, "
                          f"{world_size} ranks x {shard.numel()} need {world_size * shard.numel()}")
+
+
+# What the exact path reduces with (exact.allreduce): ReduceOp's names as op_name gives them
+EXACT_OPS = ("sum", "avg", "mean", "max", "min", "product", "prod")
+
+
+def _check_tensors(what, tensors):
+    """The tensors of a call, checked on the caller's thread (as ProcessGroupGloo's asserts are):
+    the worker then never refuses one, and the refused call never reaches the other ranks'
+    engines unannounced (_refusing queues the agreement round in its place)."""
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what} on 'ud' takes torch tensors, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{what} on 'ud' takes CPU tensors, got one on {tensor.device}: "
+                             "copy it to the host (t.cpu()), call, and copy the result back")
+        if tensor.is_sparse or tensor.is_quantized or tensor.layout != torch.strided:
+            raise TypeError(f"{what} on 'ud' takes dense tensors, got layout {tensor.layout}, dtype {tensor.dtype}")
+
+
+def _check_op(what, op):
+    if op_name(op) not in EXACT_OPS:
+        raise ValueError(f"{what} on 'ud' reduces with SUM, AVG, MAX, MIN or PRODUCT, got {op_name(op).upper()}")
 
 
 def _create(backend_options, pg_options):
