@@ -169,6 +169,7 @@ cdef extern from "engine.h" nogil:
         uint64_t chunks_lost
         uint64_t chunks_stale
         uint64_t datagrams_sent
+        uint64_t payload_bytes_sent
         uint64_t datagrams_received
         uint64_t dropped_stale
         uint64_t dropped_duplicate

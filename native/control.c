@@ -17,7 +17,7 @@ void udt_fill_header(struct call *c, struct udt_wire_header *h, uint8_t kind, ui
     h->layout_tag = c->layout_tag;
     if (kind == UDT_KIND_DATA || kind == UDT_KIND_END) {
         h->step = (uint16_t)step;
-        h->phase = c->step[step].phase == UDT_STEP_GATHER ? UDT_PHASE_GATHER : UDT_PHASE_REDUCE;
+        h->phase = c->step[step].phase;
     }
 }
 

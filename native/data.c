@@ -138,7 +138,7 @@ static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
     if (c->schedule.facts->sends_input)
         return count;
     for (uint32_t k = 0; k < count; k++)
-        sending += (step->phase == UDT_STEP_GATHER ? c->chunks.final_count[base + k] : c->chunks.rs_count[base + k]) != 0;
+        sending += (step->phase == UDT_PHASE_GATHER ? c->chunks.final_count[base + k] : c->chunks.rs_count[base + k]) != 0;
     return sending;
 }
 
@@ -158,6 +158,8 @@ static int flush(struct call *c, struct send_batch *b)
     if (sent < 0)
         return sent;
     c->stats->datagrams_sent += (uint64_t)sent;
+    for (int i = 0; i < sent; i++)
+        c->stats->payload_bytes_sent += b->items[i].payload_bytes;
     for (int i = b->n - 1; i >= sent; i--) {
         c->state[b->step[i]].sent_chunk = b->chunk[i]; /* items of a step are in position order */
         udt_comm_of(c)->peers[b->items[i].peer].in_call.chunks_queued--;
@@ -194,7 +196,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
             break;
         }
         uint64_t id = base + chunk;
-        uint16_t contributions = c->schedule.facts->sends_input ? 1 : step->phase == UDT_STEP_GATHER ? c->chunks.final_count[id] : c->chunks.rs_count[id];
+        uint16_t contributions = c->schedule.facts->sends_input ? 1 : step->phase == UDT_PHASE_GATHER ? c->chunks.final_count[id] : c->chunks.rs_count[id];
         if (contributions == 0)
             continue; /* gather: we never got this chunk; the receiver keeps its own */
         struct udt_wire_header h;
@@ -317,7 +319,7 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     const struct udt_step *step = &c->step[h->step];
     if (step->recv_peer != (int32_t)peer)
         return DROP_INVALID; /* the schedule expects nothing from this rank in that step */
-    if (h->phase != (step->phase == UDT_STEP_GATHER ? UDT_PHASE_GATHER : UDT_PHASE_REDUCE))
+    if (h->phase != step->phase)
         return DROP_INVALID;
     if (h->layout_tag != c->layout_tag)
         return DROP_MISMATCH;

@@ -111,6 +111,7 @@ struct udt_collective_stats {
     uint64_t chunks_lost;      /* of those, never arrived in time */
     uint64_t chunks_stale;     /* chunks of this rank's output that kept their old value (or were filled) */
     uint64_t datagrams_sent;
+    uint64_t payload_bytes_sent; /* data payloads the transport took (every copy), headers not counted */
     uint64_t datagrams_received; /* valid data datagrams used */
     uint64_t dropped_stale;      /* for an earlier call or a step already closed */
     uint64_t dropped_duplicate;

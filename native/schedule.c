@@ -51,7 +51,7 @@ static void ring_reduce(struct builder *b)
 {
     uint32_t up = wrap((int64_t)b->rank - 1, b->n), down = wrap((int64_t)b->rank + 1, b->n);
     for (uint32_t g = 0; g + 1 < b->n; g++) {
-        struct udt_step *s = add_step(b, UDT_STEP_REDUCE);
+        struct udt_step *s = add_step(b, UDT_PHASE_REDUCE);
         set_send(s, down, block(b, (int64_t)b->rank - g), g == 0 ? UDT_NO_STEP : (int32_t)b->next - 2);
         set_recv(s, up, block(b, (int64_t)b->rank - g - 1), UDT_RECV_REDUCE);
         s->recv_contributions = (uint16_t)(g + 1); /* the partial upstream summed over g + 1 ranks */
@@ -66,7 +66,7 @@ static void ring_gather(struct builder *b, int32_t first_after)
 {
     uint32_t up = wrap((int64_t)b->rank - 1, b->n), down = wrap((int64_t)b->rank + 1, b->n);
     for (uint32_t t = 0; t + 1 < b->n; t++) {
-        struct udt_step *s = add_step(b, UDT_STEP_GATHER);
+        struct udt_step *s = add_step(b, UDT_PHASE_GATHER);
         if (down != b->holder)
             set_send(s, down, block(b, (int64_t)b->rank + 1 - t),
                      t == 0 || b->rank == b->holder ? first_after : (int32_t)b->next - 2);
@@ -81,7 +81,7 @@ static void ring_gather(struct builder *b, int32_t first_after)
 static void direct_reduce(struct builder *b)
 {
     for (uint32_t k = 1; k < b->n; k++) {
-        struct udt_step *s = add_step(b, UDT_STEP_REDUCE);
+        struct udt_step *s = add_step(b, UDT_PHASE_REDUCE);
         set_send(s, wrap((int64_t)b->rank + k, b->n), block(b, (int64_t)b->rank + k), UDT_NO_STEP);
         set_recv(s, wrap((int64_t)b->rank - k, b->n), block(b, b->rank), UDT_RECV_REDUCE);
         s->recv_contributions = 1; /* the sender's own input, nothing else */
@@ -93,7 +93,7 @@ static void direct_reduce(struct builder *b)
 static void direct_gather(struct builder *b, int32_t send_after)
 {
     for (uint32_t k = 1; k < b->n; k++) {
-        struct udt_step *s = add_step(b, UDT_STEP_GATHER);
+        struct udt_step *s = add_step(b, UDT_PHASE_GATHER);
         if (wrap((int64_t)b->rank + k, b->n) != b->holder) /* a holder needs nothing */
             set_send(s, wrap((int64_t)b->rank + k, b->n), block(b, b->rank), send_after);
         if (b->rank != b->holder)
@@ -109,7 +109,7 @@ static void direct_gather(struct builder *b, int32_t send_after)
 static void all_to_all(struct builder *b)
 {
     for (uint32_t k = 1; k < b->n; k++) {
-        struct udt_step *s = add_step(b, UDT_STEP_GATHER);
+        struct udt_step *s = add_step(b, UDT_PHASE_GATHER);
         set_send(s, wrap((int64_t)b->rank + k, b->n), wrap((int64_t)b->rank + k, b->n), UDT_NO_STEP);
         set_recv(s, wrap((int64_t)b->rank - k, b->n), wrap((int64_t)b->rank - k, b->n), UDT_RECV_OVERWRITE);
         s->recv_contributions = 1;
@@ -122,7 +122,7 @@ static void scatter_from_root(struct builder *b, uint32_t root)
 {
     uint32_t distance = wrap((int64_t)b->rank - root, b->n);
     for (uint32_t k = 1; k < b->n; k++) {
-        struct udt_step *s = add_step(b, UDT_STEP_REDUCE);
+        struct udt_step *s = add_step(b, UDT_PHASE_REDUCE);
         if (b->rank == root)
             set_send(s, wrap((int64_t)root + k, b->n), block(b, (int64_t)root + k), UDT_NO_STEP);
         else if (k == distance)
@@ -256,7 +256,7 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
     uint32_t first_gather = collective == UDT_ALL_GATHER ? 0 : n - 1;
     for (uint32_t g = 0; g < b.next; g++)
         if (out[g].recv_peer != UDT_NO_PEER)
-            out[g].recv_whole = out[g].phase == UDT_STEP_REDUCE ||
+            out[g].recv_whole = out[g].phase == UDT_PHASE_REDUCE ||
                                 (collective == UDT_BROADCAST ? out[g].recv_peer == (int32_t)root : !ring || g == first_gather);
     return 0;
 }

@@ -62,7 +62,11 @@ enum udt_recv_mode {
     UDT_RECV_OVERWRITE = 1, /* replace the block's chunk with a final value (fresh) */
 };
 
-enum udt_step_phase { UDT_STEP_REDUCE = 0, UDT_STEP_GATHER = 1 };
+/* Which half of a schedule a step belongs to; data and END datagrams carry it as is (wire.h) */
+enum udt_phase {
+    UDT_PHASE_REDUCE = 0, /* first half (reduce-scatter, or a broadcast's scatter) */
+    UDT_PHASE_GATHER = 1, /* second half (all-gather) */
+};
 
 #define UDT_NO_PEER (-1)
 #define UDT_NO_STEP (-1)
@@ -74,7 +78,7 @@ struct udt_step {
     int32_t recv_peer;   /* UDT_NO_PEER: nothing expected */
     uint32_t recv_block;
     uint8_t recv_mode;   /* enum udt_recv_mode */
-    uint8_t phase;       /* enum udt_step_phase: which half the step belongs to */
+    uint8_t phase;       /* enum udt_phase: which half the step belongs to */
     /* A receive into recv_block may be admitted only once this many send
      * steps are done: the last earlier send that reads the same block must
      * have left, or the receive would change what it sends. */

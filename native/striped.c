@@ -88,7 +88,7 @@ static void merge_stats(struct udt_collective_stats *into, const struct udt_coll
     } else {
 #define SUM(field) into->field += part->field
 #define MAX(field) into->field = part->field > into->field ? part->field : into->field
-        SUM(chunks_total); SUM(chunks_lost); SUM(chunks_stale); SUM(datagrams_sent); SUM(datagrams_received);
+        SUM(chunks_total); SUM(chunks_lost); SUM(chunks_stale); SUM(datagrams_sent); SUM(payload_bytes_sent); SUM(datagrams_received);
         SUM(dropped_stale); SUM(dropped_duplicate); SUM(redundant_copies); SUM(dropped_foreign); SUM(dropped_invalid);
         SUM(dropped_early); SUM(injected_drops); SUM(agree_messages_sent); SUM(join_messages_sent);
         SUM(receive_overflow_drops); SUM(send_calls); SUM(receive_calls); SUM(verdict_acks_presumed); SUM(steps_ended); SUM(steps_superseded);

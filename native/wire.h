@@ -28,16 +28,11 @@ enum udt_kind {
 #define UDT_JOIN_REPLY 2u
 #define UDT_VERDICT_BYTES 32u
 
-enum udt_phase {
-    UDT_PHASE_REDUCE = 0, /* first half of a schedule (reduce-scatter, or a broadcast's scatter) */
-    UDT_PHASE_GATHER = 1, /* second half (all-gather) */
-};
-
 struct udt_wire_header {
     uint32_t magic;
     uint8_t version;
     uint8_t kind;
-    uint8_t phase;
+    uint8_t phase;          /* enum udt_phase (schedule.h): the half of the schedule a DATA/END step is in */
     uint8_t flags;          /* AGREE and JOIN only; 0 otherwise */
     uint64_t session_id;    /* random, agreed at rendezvous */
     uint32_t sequence;      /* collective call number on this communicator */

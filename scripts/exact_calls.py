@@ -3,13 +3,16 @@ runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync
 shift of messages on a "ud" group (every rank isends its tensor to the next and irecvs the
 previous one's: send and recv, as a pipeline moves activations) and all_to_all_single on a
 "ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
-tokens) against Gloo's, on the same ranks in the same run, optionally under real packet loss.
+tokens) and the exact int32 allreduce (ud_transport.exact.allreduce: "auto", and each of its
+forms, sharded and gathered, in the same run) against Gloo's, on the same ranks in the same run,
+optionally under real packet loss.
 
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
     python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --kernel-loss 0.1 --no-gloo   # ud only
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --only all_to_all          # one operation
+    python3 scripts/exact_calls.py --world-size 4 --bytes 1M --only allreduce             # the exact allreduce
 
 Each call starts after a store barrier; its time is its slowest rank's. Each rank runs torch with
 CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
@@ -52,6 +55,7 @@ def timed(comm, config):
     message, inbox = torch.full((count,), float(comm.rank)), torch.empty(count, dtype=torch.float32)
     pieces = torch.arange(count // n * n, dtype=torch.float32) // (count // n) + 100 * comm.rank  # piece q: 100 r + q
     routed = torch.empty_like(pieces)
+    integers = torch.empty(count, dtype=torch.int32)  # the exact allreduce's tensor: every rank's r + 1
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
     def shift(backend):
@@ -71,17 +75,23 @@ def timed(comm, config):
         "gloo send/recv": lambda: shift("gloo"),
         "ud all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["ud"]), None)[1],
         "gloo all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["gloo"]), 1)[1],
+        # int32 SUM: exact on "ud" whatever the budget; "auto" picks the form by size and world
+        "ud allreduce": lambda: len(exact.allreduce(comm, integers, "sum")),
+        "ud allreduce gathered": lambda: len(exact.allreduce(comm, integers, "sum", form="gathered")),
+        "ud allreduce sharded": lambda: len(exact.allreduce(comm, integers, "sum", form="sharded")),
+        "gloo allreduce": lambda: (dist.all_reduce(integers), 1)[1],
     }
     if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
     if config["only"]:
-        operations = {name: run for name, run in operations.items() if name.split(" ", 1)[1] in config["only"]}
+        operations = {name: run for name, run in operations.items() if name.split(" ")[1] in config["only"]}
     results = {name: ([], []) for name in operations}
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
             tensor.fill_(comm.rank)
             inbox.fill_(-1)
             routed.fill_(-1)
+            integers.fill_(comm.rank + 1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             start = time.perf_counter()
             calls = run()
@@ -91,6 +101,8 @@ def timed(comm, config):
             elif name.endswith("all_to_all"):
                 want = torch.arange(n, dtype=torch.float32).repeat_interleave(count // n) * 100 + comm.rank
                 assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"
+            elif "allreduce" in name:
+                assert torch.all(integers == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif name.endswith("send/recv"):
                 assert torch.all(inbox == (comm.rank - 1) % n), "a message ended with other values than its sender's"
             else:
@@ -115,10 +127,10 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all; default: all)")
+                                                   "send/recv, all_to_all, allreduce; default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all"}
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:
@@ -139,7 +151,7 @@ def main():
     slowest = {name: np.max(np.array([rank[name][0] for rank in per_rank]), axis=0) for name in per_rank[0]}
     for name, times in slowest.items():
         p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
-        peer = slowest.get(name.replace("ud ", "gloo ")) if name.startswith("ud ") else None
+        peer = slowest.get("gloo " + name.split(" ")[1]) if name.startswith("ud ") else None
         ratio = f"{p50 / np.percentile(peer, 50):.2f}x, {p99 / np.percentile(peer, 99):.2f}x" if peer is not None else ""
         known = [calls for calls in per_rank[0][name][1] if calls is not None]
         calls = f"{np.mean(known):.2f}" if name.startswith("ud ") and known else ""

@@ -11,15 +11,20 @@ from ud_transport import exact
 
 def _when_repair_starts(action, delay_s):
     """Run `action` on a thread `delay_s` after this rank's exact layer starts its first repair
-    round (the first call came back incomplete: a mask exchange and a repair call follow)."""
-    original = exact._repair
+    round (the first call came back incomplete: a mask exchange and a repair call follow), of an
+    all-gather or (the sharded allreduce's first half) of an all_to_all."""
+    originals = {name: getattr(exact, name) for name in ("_repair", "_repair_pieces")}
 
-    def repair(*arguments, **keywords):
-        threading.Timer(delay_s, action).start()
-        exact._repair = original
-        return original(*arguments, **keywords)
+    def hooked(name):
+        def repair(*arguments, **keywords):
+            threading.Timer(delay_s, action).start()
+            for other, original in originals.items():
+                setattr(exact, other, original)
+            return originals[name](*arguments, **keywords)
+        return repair
 
-    exact._repair = repair
+    for name in originals:
+        setattr(exact, name, hooked(name))
 
 
 def exact_allreduce_cut_short(comm, count, victim, how, deadline):

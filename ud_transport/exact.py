@@ -28,9 +28,12 @@ agreed value, so all ranks take every branch together.
 Every call writes into its output as chunks arrive (direct_output); the
 caller's tensor is put back from a kept copy when the exact call fails.
 
-An exact allreduce is an exact all-gather of the inputs followed by the same
-local reduction in rank order on every rank: N times the traffic, bitwise
-identical results everywhere. Meant for control-sized tensors.
+An exact allreduce of a large tensor is an exact all_to_all (block q of every
+input to rank q), each block reduced by its owner in rank order, and an exact
+all-gather of the reduced blocks: about twice the tensor's bytes per rank. A
+small one, or one of 2 ranks, is one exact all-gather of the inputs and the
+same reduction on every rank (one call; world_size - 1 times the bytes).
+Either way the result is bitwise identical everywhere.
 
 Every exact call starts at least one engine call on every rank, whatever it is
 passed: one of no elements is a round that moves nothing, and an argument
@@ -61,6 +64,13 @@ SMALL_CALL_BYTES = 64 << 10
 # the first call's time: ~25 of ~100 ms at 8 ranks on a bridge at MTU 1500, ~3 of ~12 ms at 2 on
 # loopback (scripts/exact_calls.py, 16 MiB).
 ROUND_COST_IN_CALLS = 0.25
+# An exact allreduce is sharded (an exact all_to_all, each block reduced by its owner, an exact
+# all-gather: 2(n-1)/n of the tensor per rank) where that saves this many bytes per rank over one
+# all-gather of every input ((n-1) x): the bytes a second call's rounds cost. Measured with
+# scripts/exact_calls.py --only allreduce, 4 ranks on loopback (2026-11-28): the forms break even
+# at 256 KiB (a saving of 384 KiB); gathered is 1.5x faster at 64 KiB, sharded 1.5x at 1 MiB
+# (2x at 8 ranks). At 2 ranks both send the tensor once: always gathered.
+SHARDED_SAVING_MIN_BYTES = 384 << 10
 _ALL_ONES = 0xFFFFFFFF
 # Working buffers of the exact calls, per communicator, kept between calls while it lives.
 _buffers = weakref.WeakKeyDictionary()
@@ -152,6 +162,8 @@ def as_words(tensor, writes=False):
     if wrapped.device.type != "cpu":
         tensors.view_of(wrapped)  # the usual clear error
     flat = wrapped.reshape(-1) if wrapped.is_contiguous() else wrapped.contiguous().reshape(-1)
+    if flat.stride(0) != 1:  # none or one element is "contiguous" at any stride: view needs 1
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
     raw = flat.view(torch.uint8)
     if raw.numel() % 4 == 0 and flat.data_ptr() % 4 == 0:
         words = raw.view(torch.int32)
@@ -496,12 +508,23 @@ def _repair_pieces(comm, source, target, held, first, attempts, deadline):
 
 
 @_without_autograd
-def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="allreduce"):
+def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="allreduce", form="auto"):
     """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,
     exactly and bitwise identically on every rank. op: sum, mean/avg, max,
     min, product (strings or torch ReduceOp). `collective`: what the caller's call
     is (e.g. ("reduce", root)), checked across ranks with the op, the dtype (the
-    reduction reads it) and the size: ranks whose calls differ raise LayoutMismatch."""
+    reduction reads it) and the size: ranks whose calls differ raise LayoutMismatch.
+
+    form: "sharded" sends block q of every rank's input to rank q (an exact all_to_all), rank q
+    reduces its block's world_size pieces in rank order, and an exact all-gather gives every
+    rank every reduced block: about twice the tensor's bytes per rank, as a ring moves.
+    "gathered" is one exact all-gather of every rank's whole input and the same reduction on
+    every rank: world_size - 1 times the bytes, but one call instead of two. "auto" takes
+    "sharded" where it saves SHARDED_SAVING_MIN_BYTES per rank or more (never at 2 ranks, where
+    both send the tensor once).
+    Either way the result is the reduction in rank order of the same inputs, widened as
+    _reduce_rows does, so both forms give the same bits. The form is a function of the size,
+    the world and `form`: ranks whose calls agree on those take the same one."""
     import torch
 
     with _refused_in_step(comm, deadline):
@@ -509,21 +532,51 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         name = {"avg": "mean", "prod": "product"}.get(name, name)
         if name not in ("sum", "mean", "max", "min", "product"):
             raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
+        if form not in ("auto", "sharded", "gathered"):
+            raise ValueError(f"form must be 'auto', 'sharded' or 'gathered', got {form!r}")
         wrapped = _as_torch(tensor, writes=True)
     flat = wrapped.reshape(-1).clone()
-    gathered = torch.empty((comm.world_size, flat.numel()), dtype=flat.dtype)
-    stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline,
-                       collective=(collective, name, str(flat.dtype)))
-    if name in ("max", "min"):
-        result = gathered.amax(dim=0) if name == "max" else gathered.amin(dim=0)
+    n = comm.world_size
+    if form == "auto":
+        form = "sharded" if sharded_saving(flat.nbytes, n) >= SHARDED_SAVING_MIN_BYTES else "gathered"
+    claim = (collective, name, str(flat.dtype), form)
+    if form == "gathered":
+        gathered = torch.empty((n, flat.numel()), dtype=flat.dtype)
+        stats = all_gather(comm, flat, gathered, attempts=attempts, deadline=deadline, collective=claim)
+        result = _reduce_rows(gathered, name, n)
     else:
-        wide = gathered.to(torch.complex128 if flat.dtype.is_complex else
-                           torch.float64 if flat.dtype.is_floating_point else torch.int64)
-        result = wide.prod(dim=0) if name == "product" else wide.sum(dim=0)
-        if name == "mean":
-            result = result / comm.world_size
-    wrapped.copy_(result.to(flat.dtype).view(wrapped.shape))
+        block = -(-flat.numel() // n)  # elements; the last blocks are padded where the count does not divide
+        padded = torch.zeros(n * block, dtype=flat.dtype)
+        padded[:flat.numel()].copy_(flat)
+        pieces = torch.empty_like(padded)  # row p: rank p's values of this rank's block
+        stats = all_to_all(comm, padded, pieces, attempts=attempts, deadline=deadline, collective=claim)
+        reduced = _reduce_rows(pieces.view(n, block), name, n)
+        gathered = torch.empty(n * block, dtype=flat.dtype)
+        stats = stats + all_gather(comm, reduced, gathered, attempts=attempts, deadline=deadline, collective=claim)
+        result = gathered[:flat.numel()]
+    wrapped.copy_(result.view(wrapped.shape))
     return stats
+
+
+def sharded_saving(nbytes, world_size):
+    """Bytes per rank the sharded form saves over the gathered: (n-1) - 2(n-1)/n of the tensor."""
+    return (world_size - 1) * (world_size - 2) * nbytes // world_size
+
+
+def _reduce_rows(rows, name, n):
+    """The reduction of rows[0], rows[1], ... in that order, in the input's dtype: sums and
+    products in a wide type (float64, int64, complex128) and then narrowed, so one row's order
+    and one widening give the same bits wherever it runs."""
+    import torch
+
+    if name in ("max", "min"):
+        return rows.amax(dim=0) if name == "max" else rows.amin(dim=0)
+    wide = rows.to(torch.complex128 if rows.dtype.is_complex else
+                   torch.float64 if rows.dtype.is_floating_point else torch.int64)
+    result = wide.prod(dim=0) if name == "product" else wide.sum(dim=0)
+    if name == "mean":
+        result = result / n
+    return result.to(rows.dtype)
 
 
 def barrier(comm, *, deadline=None):

@@ -59,6 +59,9 @@ class CollectiveStats:
         Hops on the schedule's longest dependency chain.
     datagrams_sent : int
         Every datagram this rank sent: data, markers, credits, JOIN and verdict messages.
+    payload_bytes_sent : int
+        The data payloads among them, in bytes (every copy; headers not counted): what the
+        collective moved from this rank.
     datagrams_received : int
         Valid data datagrams used.
     dropped_stale : int
@@ -155,6 +158,7 @@ class CollectiveStats:
     steps: int
     critical_path: int
     datagrams_sent: int
+    payload_bytes_sent: int
     datagrams_received: int
     dropped_stale: int
     dropped_duplicate: int

@@ -214,7 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     h.flags = 0;
                     if (st->recv_peer >= 0)
                         peer = (uint32_t)st->recv_peer;
-                    h.phase = st->phase == UDT_STEP_GATHER ? UDT_PHASE_GATHER : UDT_PHASE_REDUCE;
+                    h.phase = st->phase;
                     if (h.kind == UDT_KIND_END) {
                         h.payload_bytes = 0;
                         length = UDT_WIRE_HEADER_BYTES;

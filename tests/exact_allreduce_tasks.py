@@ -1,0 +1,38 @@
+"""Rank functions for tests/test_exact_allreduce.py: the exact allreduce in both forms."""
+import numpy as np
+import torch
+
+from ud_transport import exact
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int64": torch.int64,
+          "int32": torch.int32, "uint8": torch.uint8}
+
+
+def inputs(rank, count, dtype, seed=7):
+    """Rank `rank`'s input: non-integer floats (the sum's rounding depends on its order) or integers."""
+    generator = np.random.default_rng(seed * 1000 + rank)
+    if dtype in ("int64", "int32", "uint8"):
+        values = generator.integers(0, 50, count)
+        return torch.from_numpy(values).to(DTYPES[dtype])
+    return torch.from_numpy(generator.standard_normal(count)).to(DTYPES[dtype])
+
+
+def both_forms(comm, count, dtype, op):
+    """The exact allreduce of the same inputs, sharded and gathered: (sharded bytes, gathered bytes),
+    each rank's result as raw bytes (so NaN-free floats compare bit for bit)."""
+    out = {}
+    for form in ("sharded", "gathered"):
+        tensor = inputs(comm.rank, count, dtype)
+        exact.allreduce(comm, tensor, op, deadline=20.0, form=form)
+        out[form] = tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+    return out
+
+
+def bytes_sent(comm, count, form):
+    """An exact int32 sum of `count` elements in `form`: (data payload bytes this rank sent over
+    every engine call, the tensor's bytes, the result is right, engine calls)."""
+    tensor = torch.full((count,), comm.rank + 1, dtype=torch.int32)
+    stats = exact.allreduce(comm, tensor, "sum", deadline=20.0, form=form)
+    sent = sum(s.payload_bytes_sent for s in stats)
+    right = bool(torch.all(tensor == comm.world_size * (comm.world_size + 1) // 2))
+    return sent, tensor.nbytes, right, len(stats)

@@ -1,0 +1,76 @@
+"""The exact allreduce's two forms (issue 41): sharded (an exact all_to_all of blocks, each reduced
+by its owner in rank order, an exact all-gather of the results) and gathered (one exact all-gather
+of every input, reduced on every rank). Both give the same bits on every rank, under injected
+loss too (the repairs run), for every op and for dtypes of any width and counts that do not divide
+by the ranks; the sharded form sends about twice the tensor per rank where the gathered sends
+world_size - 1 times it."""
+import exact_allreduce_tasks
+import numpy as np
+import pytest
+
+import ud_transport
+from ud_transport import exact
+from ud_transport.lab.local_cluster import LocalCluster
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_both_forms_give_the_same_bits_on_every_rank_under_loss(world):
+    cases = [(1000 * world + 1, "float32", "sum"), (777, "float64", "mean"), (4097, "bfloat16", "sum"),
+             (3001, "int64", "product"), (1003, "uint8", "max"), (2000, "int32", "min"), (1, "float32", "sum"),
+             (0, "float32", "sum")]
+    with LocalCluster(world, chunk_bytes=256, inject=ud_transport.Bernoulli(0.05, seed=5)) as cluster:
+        for count, dtype, op in cases:
+            results = cluster.run(exact_allreduce_tasks.both_forms, count, dtype, op, timeout_s=120)
+            first = results[0]["sharded"]
+            for rank, result in enumerate(results):
+                assert result["sharded"] == first and result["gathered"] == first, (count, dtype, op, rank)
+            if dtype in ("float32", "float64"):  # and it is the reduction, within the dtype's rounding
+                want = np.sum([exact_allreduce_tasks.inputs(r, count, dtype).double().numpy() for r in range(world)],
+                              axis=0) / (world if op == "mean" else 1)
+                got = np.frombuffer(first, dtype=dtype)
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_sharded_sends_about_twice_the_tensor_and_auto_takes_it_when_large():
+    world, count = 4, 1 << 18  # int32: 1 MiB
+    assert exact.sharded_saving(count * 4, world) >= exact.SHARDED_SAVING_MIN_BYTES
+    with LocalCluster(world) as cluster:
+        sent = {}
+        for form in ("sharded", "gathered", "auto"):
+            results = cluster.run(exact_allreduce_tasks.bytes_sent, count, form, timeout_s=120)
+            assert all(right for _, _, right, _ in results), (form, results)
+            sent[form] = max(bytes_ / tensor_bytes for bytes_, tensor_bytes, _, _ in results)
+    assert sent["sharded"] <= 2.2, sent  # what issue 41 asks
+    assert sent["sharded"] == pytest.approx(2 * (world - 1) / world, rel=0.01), sent  # (n-1)/n each way
+    assert sent["gathered"] >= world - 1 - 0.01, sent  # every input to every other rank
+    assert sent["auto"] == pytest.approx(sent["sharded"], rel=0.02), sent
+
+
+def test_two_ranks_and_small_tensors_stay_one_call():
+    assert exact.sharded_saving(64 * 4, 3) < exact.SHARDED_SAVING_MIN_BYTES
+    assert exact.sharded_saving(1 << 20, 2) == 0
+    with LocalCluster(3) as cluster:
+        small = cluster.run(exact_allreduce_tasks.bytes_sent, 64, "auto", timeout_s=60)
+    assert all(right and calls == 1 for _, _, right, calls in small), small
+    with LocalCluster(2) as cluster:
+        large = cluster.run(exact_allreduce_tasks.bytes_sent, 1 << 18, "auto", timeout_s=60)
+    assert all(right and calls == 1 for _, _, right, calls in large), large
+
+
+def test_an_unknown_form_is_refused_and_keeps_the_tensor():
+    import torch
+
+    with LocalCluster(1) as cluster:
+        outcome = cluster.run(_refuse_form, timeout_s=60)[0]
+    assert outcome == ("ValueError", True), outcome
+
+
+def _refuse_form(comm):
+    import torch
+
+    tensor = torch.arange(4, dtype=torch.float32)
+    try:
+        exact.allreduce(comm, tensor, form="ring")
+    except ValueError:
+        return "ValueError", bool(torch.equal(tensor, torch.arange(4, dtype=torch.float32)))
+    return "OK", None
