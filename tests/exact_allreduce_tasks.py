@@ -21,18 +21,32 @@ def both_forms(comm, count, dtype, op):
     """The exact allreduce of the same inputs, sharded and gathered: (sharded bytes, gathered bytes),
     each rank's result as raw bytes (so NaN-free floats compare bit for bit)."""
     out = {}
-    for form in ("sharded", "gathered"):
+    for form in ("sharded", "gathered") + (("engine",) if (dtype, op) == ("int32", "sum") else ()):
         tensor = inputs(comm.rank, count, dtype)
         exact.allreduce(comm, tensor, op, deadline=20.0, form=form)
         out[form] = tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
     return out
 
 
-def bytes_sent(comm, count, form):
-    """An exact int32 sum of `count` elements in `form`: (data payload bytes this rank sent over
-    every engine call, the tensor's bytes, the result is right, engine calls)."""
+def bytes_sent(comm, count, form, op="sum"):
+    """An exact int32 sum (or max) of `count` elements in `form`: (data payload bytes this rank
+    sent over every engine call, the tensor's bytes, the result is right, engine calls)."""
     tensor = torch.full((count,), comm.rank + 1, dtype=torch.int32)
-    stats = exact.allreduce(comm, tensor, "sum", deadline=20.0, form=form)
+    stats = exact.allreduce(comm, tensor, op, deadline=20.0, form=form)
     sent = sum(s.payload_bytes_sent for s in stats)
-    right = bool(torch.all(tensor == comm.world_size * (comm.world_size + 1) // 2))
+    n = comm.world_size
+    right = bool(torch.all(tensor == (n * (n + 1) // 2 if op == "sum" else n)))
     return sent, tensor.nbytes, right, len(stats)
+
+
+def collectives_of_calls(comm, count, calls):
+    """`calls` exact int32 sums in a row: per call, the engine collectives it ran, and whether
+    the result was right."""
+    out = []
+    for _ in range(calls):
+        tensor = torch.arange(count, dtype=torch.int32) * (comm.rank + 1)
+        stats = exact.allreduce(comm, tensor, "sum", deadline=20.0)
+        n = comm.world_size
+        right = bool(torch.equal(tensor, torch.arange(count, dtype=torch.int32) * (n * (n + 1) // 2)))
+        out.append(([s.collective for s in stats], right))
+    return out

@@ -389,7 +389,7 @@ class Communicator:
 
     @_documented
     def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None,
-                  on_miss="raise"):
+                  layout_salt=0, on_miss="raise"):
         """Reduce `tensor` across ranks, in place.
 
         Lost datagrams are not retransmitted: the result is an unbiased estimate. Each shard's
@@ -408,6 +408,9 @@ class Communicator:
         op : {"sum", "mean", "avg"}, ReduceOp or torch.distributed.ReduceOp, default "sum"
         estimator : {"unbiased", "zero_fill"} or Estimator, optional
             How a hole is filled; None takes ``Options.estimator``.
+        layout_salt : int, default 0
+            Folded into the call's layout, which every rank checks: ranks whose calls differ in
+            it raise LayoutMismatch (``ud_transport.exact`` says what its call is this way).
         {call_parameters}
 
         {call_raises}
@@ -420,7 +423,8 @@ class Communicator:
         """
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
-                         deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies, on_miss=on_miss)
+                         deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies,
+                         layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,

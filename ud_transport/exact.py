@@ -33,7 +33,10 @@ input to rank q), each block reduced by its owner in rank order, and an exact
 all-gather of the reduced blocks: about twice the tensor's bytes per rank. A
 small one, or one of 2 ranks, is one exact all-gather of the inputs and the
 same reduction on every rank (one call; world_size - 1 times the bytes).
-Either way the result is bitwise identical everywhere.
+Either way the result is bitwise identical everywhere. An int32 sum first
+tries the engine's own allreduce with a loss budget of 0 (one call, twice the
+tensor's bytes): where every contribution arrived, agreed, that is the exact
+result; where one did not, an exact form runs from the kept input.
 
 Every exact call starts at least one engine call on every rank, whatever it is
 passed: one of no elements is a round that moves nothing, and an argument
@@ -523,8 +526,17 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     "sharded" where it saves SHARDED_SAVING_MIN_BYTES per rank or more (never at 2 ranks, where
     both send the tensor once).
     Either way the result is the reduction in rank order of the same inputs, widened as
-    _reduce_rows does, so both forms give the same bits. The form is a function of the size,
-    the world and `form`: ranks whose calls agree on those take the same one."""
+    _reduce_rows does, so both forms give the same bits.
+
+    "engine" (int32 SUM only, where the order of the additions cannot change a bit): first one
+    engine allreduce with a loss budget of 0, which moves 2(n-1)/n of the tensor in one call and
+    whose agreed verdict says whether every contribution arrived everywhere; only where it did
+    not (LossBudgetExceeded, on every rank alike), the sharded or gathered form from the kept
+    input. "auto" tries it for int32 SUM unless such attempts failed lately on this
+    communicator (their outcomes are agreed, so every rank skips alike; see _EngineBackoff).
+
+    The form is a function of the size, the world, `form` and the agreed outcomes of earlier
+    calls: ranks whose calls agree on those take the same one."""
     import torch
 
     with _refused_in_step(comm, deadline):
@@ -532,12 +544,30 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         name = {"avg": "mean", "prod": "product"}.get(name, name)
         if name not in ("sum", "mean", "max", "min", "product"):
             raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
-        if form not in ("auto", "sharded", "gathered"):
-            raise ValueError(f"form must be 'auto', 'sharded' or 'gathered', got {form!r}")
+        if form not in ("auto", "sharded", "gathered", "engine"):
+            raise ValueError(f"form must be 'auto', 'sharded', 'gathered' or 'engine', got {form!r}")
         wrapped = _as_torch(tensor, writes=True)
+        engine_applies = name == "sum" and wrapped.dtype == torch.int32
+        if form == "engine" and not engine_applies:
+            raise ValueError(f"form='engine' reduces int32 with sum only, got {wrapped.dtype} and {name}")
     flat = wrapped.reshape(-1).clone()
     n = comm.world_size
-    if form == "auto":
+    calls = []
+    backoff = _EngineBackoff.of(comm)
+    if form == "engine" or form == "auto" and engine_applies and backoff.try_now():
+        try:
+            calls.append(comm.allreduce(flat, op="sum", loss_budget=0.0, deadline=deadline,
+                                        layout_salt=_salt(collective, name, str(flat.dtype), "engine", flat.nbytes)))
+        except LossBudgetExceeded as error:  # agreed: every rank goes on to the exact forms alike
+            backoff.failed()
+            calls.append(error.stats)
+            flat = wrapped.reshape(-1).clone()  # the input as given (the engine put it back; no trust needed)
+        else:
+            backoff.succeeded()
+            wrapped.copy_(flat.view(wrapped.shape))
+            return calls
+        form = "auto"
+    if form in ("auto", "engine"):
         form = "sharded" if sharded_saving(flat.nbytes, n) >= SHARDED_SAVING_MIN_BYTES else "gathered"
     claim = (collective, name, str(flat.dtype), form)
     if form == "gathered":
@@ -555,7 +585,39 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         stats = stats + all_gather(comm, reduced, gathered, attempts=attempts, deadline=deadline, collective=claim)
         result = gathered[:flat.numel()]
     wrapped.copy_(result.view(wrapped.shape))
-    return stats
+    return calls + stats
+
+
+class _EngineBackoff:
+    """When an exact int32 sum tries the engine's one-call allreduce first. Each failed attempt
+    (some contribution lost: the call is then repeated in an exact form) doubles the number of
+    calls that skip it, up to 64; a success resets it. Every rank sees the same agreed outcomes
+    in the same order, so every rank skips the same calls."""
+    _of = weakref.WeakKeyDictionary()
+    MOST_SKIPPED = 64
+
+    def __init__(self):
+        self.skip_next = 0     # calls still to skip
+        self.skip_after = 0    # calls to skip after the next failure
+
+    @classmethod
+    def of(cls, comm):
+        if comm not in cls._of:
+            cls._of[comm] = cls()
+        return cls._of[comm]
+
+    def try_now(self):
+        if self.skip_next:
+            self.skip_next -= 1
+            return False
+        return True
+
+    def failed(self):
+        self.skip_after = min(max(1, 2 * self.skip_after), self.MOST_SKIPPED)
+        self.skip_next = self.skip_after
+
+    def succeeded(self):
+        self.skip_next = self.skip_after = 0
 
 
 def sharded_saving(nbytes, world_size):
