@@ -3,8 +3,8 @@ runs for DDP's parameter broadcast, FSDP2's parameter all-gathers, ParameterSync
 shift of messages on a "ud" group (every rank isends its tensor to the next and irecvs the
 previous one's: send and recv, as a pipeline moves activations) and all_to_all_single on a
 "ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
-tokens) and the exact int32 allreduce (ud_transport.exact.allreduce: "auto", and each of its
-forms, sharded and gathered, in the same run) against Gloo's, on the same ranks in the same run,
+tokens), the exact int32 allreduce (ud_transport.exact.allreduce: "auto", each of its forms
+forced, and through a "ud" group) and a barrier on a "ud" group against Gloo's, on the same ranks in the same run,
 optionally under real packet loss.
 
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
@@ -79,7 +79,11 @@ def timed(comm, config):
         "ud allreduce": lambda: len(exact.allreduce(comm, integers, "sum")),
         "ud allreduce gathered": lambda: len(exact.allreduce(comm, integers, "sum", form="gathered")),
         "ud allreduce sharded": lambda: len(exact.allreduce(comm, integers, "sum", form="sharded")),
+        # the same through a "ud" group (c10d, its worker thread): what a training loop calls
+        "ud allreduce group": lambda: (dist.all_reduce(integers, group=groups["ud"]), None)[1],
         "gloo allreduce": lambda: (dist.all_reduce(integers), 1)[1],
+        "ud barrier": lambda: (dist.barrier(group=groups["ud"]), None)[1],
+        "gloo barrier": lambda: (dist.barrier(group=groups["gloo"]), 1)[1],
     }
     if config["no_gloo"]:  # Gloo at heavy loss waits out TCP timeouts for seconds a call
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
@@ -101,6 +105,8 @@ def timed(comm, config):
             elif name.endswith("all_to_all"):
                 want = torch.arange(n, dtype=torch.float32).repeat_interleave(count // n) * 100 + comm.rank
                 assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"
+            elif name.endswith("barrier"):
+                pass  # nothing to check but that every rank came through
             elif "allreduce" in name:
                 assert torch.all(integers == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif name.endswith("send/recv"):
@@ -127,10 +133,10 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all, allreduce; default: all)")
+                                                   "send/recv, all_to_all, allreduce, barrier; default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce"}
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "barrier"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:

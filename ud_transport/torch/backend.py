@@ -28,6 +28,11 @@ from . import _common, composite, point_to_point, policy
 from ._worker import SerialWorker
 
 LOSSY_KINDS = ("allreduce", "reduce_scatter")
+# An allreduce or broadcast of at most this many bytes (all its tensors), and a barrier, run on the
+# thread that waits for them when the group has nothing else pending (SerialWorker.submit's
+# inline): the hand-over to the worker and back cost ~0.5 ms, as much as such a call
+# (scripts/exact_calls.py --only allreduce,barrier)
+INLINE_MAX_BYTES = 64 << 10
 # torch.distributed.shrink_group's flags (distributed_c10d.SHRINK_DEFAULT / SHRINK_ABORT in torch 2.13)
 SHRINK_DEFAULT, SHRINK_ABORT = 0x00, 0x01
 LOSSY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -263,7 +268,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
-    def _submit(self, run, result):
+    def _submit(self, run, result, inline=False):
         """Queue run() on the group's worker so that every rank starts at least one engine call
         for it: where it starts none here (a list of no tensors, or an argument this rank refused
         before the engine), an agreement round goes in its place (an exact call of no elements
@@ -285,7 +290,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise
             if self._started_nothing_since(before):
                 exact.barrier(self.communicator, deadline=self.config.deadline)
-        return self._worker.submit(in_step, result)
+        return self._worker.submit(in_step, result, inline=inline)
 
     def _started_nothing_since(self, sequence):
         try:
@@ -326,7 +331,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for index, tensor in enumerate(tensors):
                 self._allreduce_one(tensor, op, _claim("allreduce", index, tensors, typed=True))
-        return self._submit(run, tensors)
+        return self._submit(run, tensors, inline=_small(tensors))
 
     def _sparse_allreduce(self, tensors, op):
         """Sparse COO tensors (SUM, as Gloo), exact: composite.sparse_allreduce, one after another."""
@@ -356,7 +361,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self.exact_calls += 1
                 exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
                                 collective=_claim("broadcast", index, tensors))
-        return self._submit(run, tensors)
+        return self._submit(run, tensors, inline=_small(tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
@@ -471,7 +476,7 @@ class ProcessGroupUD(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def barrier(self, opts=None):
-        return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [])
+        return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [], inline=True)
 
     # -- built from the exact collectives (composite.py: exact, but not economical) ------
 
@@ -686,6 +691,10 @@ def _check_gather_output(output, shard, world_size):
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all_gather_into_tensor on 'ud': the output has {output.numel()} elements, "
                          f"{world_size} ranks x {shard.numel()} need {world_size * shard.numel()}")
+
+
+def _small(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors) <= INLINE_MAX_BYTES
 
 
 # What the exact path reduces with (exact.allreduce): ReduceOp's names as op_name gives them
