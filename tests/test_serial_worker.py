@@ -30,7 +30,7 @@ def test_a_waited_call_with_nothing_before_it_runs_on_the_waiting_thread():
         # nothing pending: a call waited on at once is run by the waiting thread itself
         third = worker.submit(lambda: where.append(("third", threading.current_thread().name)), None, inline=True)
         third.wait()
-        assert where[-1] in (("third", threading.current_thread().name), ("third", "test-take"))
+        assert where[-1][0] == "third", where  # it ran before wait() returned, on one thread or the other
         taken = sum(1 for _ in range(50) if _run_and_say_where(worker, inline=True) == threading.current_thread().name)
         assert taken > 0, "no synchronous call was ever run by its waiter"
         assert all(_run_and_say_where(worker, inline=False) == "test-take" for _ in range(20))

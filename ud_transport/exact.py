@@ -640,7 +640,7 @@ def _reduce_rows(rows, name, n):
     if integer and name != "mean":
         return rows.prod(dim=0, dtype=rows.dtype) if name == "product" else rows.sum(dim=0, dtype=rows.dtype)
     wide = torch.complex128 if rows.dtype.is_complex else torch.float64 if rows.dtype.is_floating_point else torch.int64
-    result = rows[0].to(wide, copy=True) if len(rows) else torch.zeros(rows.shape[1:], dtype=wide)  # never the input
+    result = rows[0].to(wide, copy=True)  # never the input row itself (a float64 row's .to() would be)
     for row in rows[1:]:
         result.mul_(row) if name == "product" else result.add_(row)
     if name == "mean":

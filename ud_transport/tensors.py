@@ -113,14 +113,20 @@ def _numpy_view(array):
     return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize, pin=pin)
 
 
-def _torch_view(tensor):
+def refuse_unsupported_torch(tensor, who="collectives"):
+    """What every torch tensor of a collective must be, whoever checks it (the API here, the
+    "ud" backend on its caller's thread): on the host, dense, not quantized."""
     if tensor.device.type != "cpu":
-        raise ValueError(f"collectives take CPU tensors, got one on {tensor.device}: "
-                         "copy it to the host (t.cpu()), reduce that, and copy the result back")
+        raise ValueError(f"{who}: CPU tensors only, got one on {tensor.device}: "
+                         "copy it to the host (t.cpu()), call, and copy the result back")
+    if tensor.is_sparse or tensor.is_quantized or str(tensor.layout) != "torch.strided":
+        raise TypeError(f"{who}: dense, non-quantized tensors only, got layout {tensor.layout}, dtype {tensor.dtype}")
+
+
+def _torch_view(tensor):
+    refuse_unsupported_torch(tensor)
     if not tensor.is_contiguous():
         raise ValueError("collectives need a contiguous tensor (call .contiguous() and copy the result back)")
-    if tensor.is_sparse or tensor.is_quantized:
-        raise TypeError("collectives take dense, non-quantized tensors")
     name = str(tensor.dtype).removeprefix("torch.")
     return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size(),
                       pin=(tensor, tensor.untyped_storage()), tensor=tensor)

@@ -23,7 +23,7 @@ from .. import environment, exact, loss_models
 from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded, TransportError
-from ..tensors import op_name
+from ..tensors import op_name, refuse_unsupported_torch
 from . import _common, composite, point_to_point, policy
 from ._worker import SerialWorker
 
@@ -708,11 +708,7 @@ def _check_tensors(what, tensors):
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} on 'ud' takes torch tensors, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise ValueError(f"{what} on 'ud' takes CPU tensors, got one on {tensor.device}: "
-                             "copy it to the host (t.cpu()), call, and copy the result back")
-        if tensor.is_sparse or tensor.is_quantized or tensor.layout != torch.strided:
-            raise TypeError(f"{what} on 'ud' takes dense tensors, got layout {tensor.layout}, dtype {tensor.dtype}")
+        refuse_unsupported_torch(tensor, f"{what} on 'ud'")
 
 
 def _check_op(what, op):
