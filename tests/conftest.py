@@ -42,6 +42,35 @@ def pytest_sessionfinish(session, exitstatus):
         cluster.close()
 
 
+@pytest.fixture
+def store_port():
+    """A TCPStore in this process, outliving every rank (as torchrun's agent hosts it: a store
+    that lives in a rank dies with it)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=60))
+    yield server.port
+    del server
+
+
+def run_with_victims(world, victims, task, *arguments, timeout_s=240):
+    """Run task(comm, *arguments) on `world` fresh ranks, of which the processes of `victims`
+    (first ranks) are expected to die; returns {first rank: result} of the others, and checks
+    that the victims are dead."""
+    survivors = [rank for rank in range(world) if rank not in victims]
+    with LocalCluster(world) as cluster:
+        for rank in victims:
+            cluster.connections[rank].send((task, arguments))
+        results = cluster.run(task, *arguments, ranks=survivors, timeout_s=timeout_s)
+        for rank in victims:
+            cluster.processes[rank].join(10)
+            assert not cluster.processes[rank].is_alive(), f"rank {rank} outlived its call: it was never killed"
+    return dict(zip(survivors, results))
+
+
 def skip_or_fail(reason):
     """Missing machinery skips on a developer's machine; in CI it is a failure."""
     if IN_CI:

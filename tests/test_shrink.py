@@ -9,15 +9,12 @@ own validation refuses, and DDP re-wrapped on the shrunk group (docs/elastic.md'
 
 The groups meet through a store this process hosts, as torchrun's agent hosts it: a store that
 lives in a rank dies with it."""
-import datetime
 
 import pytest
 import shrink_tasks
 import torch
-import torch.distributed as dist
 
-from conftest import get_cluster
-from ud_transport.lab.local_cluster import LocalCluster
+from conftest import get_cluster, run_with_victims
 
 DEADLINE = 5.0  # the groups' per-call deadline (shrink_tasks)
 # a survivor's call: the victim comes JOIN_AFTER_S late and dies DIE_AFTER_S in; the survivors must
@@ -25,30 +22,6 @@ DEADLINE = 5.0  # the groups' per-call deadline (shrink_tasks)
 # loaded 2-core machine
 CALL_BOUND_S = shrink_tasks.JOIN_AFTER_S + shrink_tasks.DIE_AFTER_S + DEADLINE + 1.0 + 1.0
 SHRINK_BOUND_S = 10.0  # the survivors' rendezvous: a store round trip or a few, not a timeout
-
-
-@pytest.fixture
-def store_port():
-    """A TCPStore in this process, outliving every rank."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=60))
-    yield server.port
-    del server
-
-
-def run_with_victims(world, victims, task, *arguments, timeout_s=240):
-    """Run task(comm, *arguments) on `world` fresh ranks, of which the processes of `victims`
-    (first ranks) are expected to die; returns {first rank: result} of the others, and checks
-    that the victims are dead."""
-    survivors = [rank for rank in range(world) if rank not in victims]
-    with LocalCluster(world) as cluster:
-        for rank in victims:
-            cluster.connections[rank].send((task, arguments))
-        results = cluster.run(task, *arguments, ranks=survivors, timeout_s=timeout_s)
-        for rank in victims:
-            cluster.processes[rank].join(10)
-            assert not cluster.processes[rank].is_alive(), f"rank {rank} outlived its call: it was never killed"
-    return dict(zip(survivors, results))
 
 
 def check_stages(by_rank, world, victims_by_stage):

@@ -5,7 +5,7 @@ import os
 import struct
 import threading
 
-from . import _native, algorithms, collectives, rendezvous, stripe_choice, transports
+from . import _native, algorithms, collectives, membership, rendezvous, stripe_choice, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
@@ -151,7 +151,8 @@ class Communicator:
         self._engine = None
         self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
-        prefix = f"ud_transport/{name}" if name else f"ud_transport/comm{next(_creation_counter)}"
+        self.family = name or f"comm{next(_creation_counter)}"  # kept by the groups shrink() and grow() make
+        prefix = f"ud_transport/{self.family}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         identity = rendezvous.identity_record(world_size, __version__, _native.WIRE_VERSION, stripes,
@@ -783,6 +784,131 @@ class Communicator:
                 for name, value in engine.udp_counters().items():
                     total[name] = total.get(name, 0) + value
             return total
+
+    # -- membership: after a rank dies, or when new ranks come ------------------
+
+    def shrink(self, ranks_to_exclude):
+        """A new Communicator of this one's ranks but `ranks_to_exclude`, renumbered in order (the
+        survivor of lowest rank becomes rank 0), for going on after a rank dies.
+
+        Only the survivors take part, meeting through this communicator's store under keys named
+        by its session and the exclusion: nothing is asked of the excluded ranks. This one stays
+        open: close it (``interrupt()`` first if another thread may be in a call on it).
+
+        Parameters
+        ----------
+        ranks_to_exclude : list of int
+            Ranks of this communicator, none twice, not this rank, not every rank: the same list
+            on every survivor (a ``PeerTimeout``'s ``.rank`` is the same on every rank).
+
+        Returns
+        -------
+        Communicator
+
+        Raises
+        ------
+        TypeError, ValueError, RuntimeError
+            An exclusion torch.distributed.shrink_group would refuse (this rank among them is a
+            RuntimeError).
+        TransportError
+            This communicator is closed, or the survivors did not all meet within
+            ``store_timeout_s`` (one that did not call shrink, or the store is gone: it must
+            outlive the dead ranks).
+
+        Examples
+        --------
+        >>> comm = comm.shrink([error.rank])  # after a PeerTimeout  # doctest: +SKIP
+        """
+        excluded = membership.exclusion(ranks_to_exclude, self.rank, self.world_size)
+        if self.closed:
+            raise TransportError("communicator is closed: it cannot shrink")
+        remaining = membership.survivors(excluded, self.world_size)
+        return self._regrouped(remaining.index(self.rank), len(remaining),
+                               membership.shrink_key(self.session_id, excluded))
+
+    def grow(self, newcomers):
+        """A new Communicator of this one's ranks (same numbers) and `newcomers` new ranks after
+        them, each of which calls ``Communicator.join`` with this one's store and ``family``.
+
+        Every rank of this communicator calls it with the same count, at the same point (a step
+        boundary); newcomers are seated in the order they called ``join`` and may come before or
+        after. This one stays open: close it.
+
+        Parameters
+        ----------
+        newcomers : int
+            At least 1; the grown world at most the supported maximum.
+
+        Returns
+        -------
+        Communicator
+
+        Raises
+        ------
+        ValueError
+            `newcomers` below 1, or a world too large.
+        TransportError
+            This communicator is closed, or not every rank and newcomer met within
+            ``store_timeout_s``.
+
+        Examples
+        --------
+        >>> comm = comm.grow(1)  # a replacement has called Communicator.join  # doctest: +SKIP
+        """
+        if isinstance(newcomers, bool) or not isinstance(newcomers, int) or newcomers < 1:
+            raise ValueError(f"newcomers must be an integer of at least 1, got {newcomers!r}")
+        if self.world_size + newcomers > _native.MAX_WORLD_SIZE:
+            raise ValueError(f"{self.world_size} + {newcomers} ranks exceed the supported maximum {_native.MAX_WORLD_SIZE}")
+        if self.closed:
+            raise TransportError("communicator is closed: it cannot grow")
+        if self.rank == 0:
+            membership.offer_seats(self.store, self.family, self.session_id, self.world_size, newcomers)
+        return self._regrouped(self.rank, self.world_size + newcomers, membership.grow_key(self.session_id, newcomers))
+
+    @classmethod
+    def join(cls, store, family, *, transport="auto", options=None, timeout_s=600.0):
+        """Join a group of `family` as a new rank, when its ranks next call ``grow``.
+
+        Parameters
+        ----------
+        store : torch.distributed.Store
+            The store the group's ranks made their communicator with.
+        family : str
+            The group's ``family`` (the ``name`` its first communicator was given).
+        transport : {"auto", "udp", "verbs"}
+        options : Options, optional
+            None builds them from the environment.
+        timeout_s : float, default 600
+            How long to wait for a grow to seat this rank.
+
+        Returns
+        -------
+        Communicator
+            Ranked after the group's ranks.
+
+        Raises
+        ------
+        TransportError
+            No grow seated it within `timeout_s`, or the meeting failed.
+
+        Examples
+        --------
+        >>> comm = Communicator.join(store, "job")  # doctest: +SKIP
+        """
+        if options is None:
+            from . import options as options_module
+
+            options = options_module.build()
+        seat = membership.take_seat(store, family, timeout_s)
+        joined = cls(seat.rank, seat.world_size, store, transport, options, name=f"{family}/{seat.key}")
+        joined.family = family
+        return joined
+
+    def _regrouped(self, rank, world_size, key):
+        regrouped = Communicator(rank, world_size, self.store, self.transport_name, self.options,
+                                 name=f"{self.family}/{key}")
+        regrouped.family = self.family
+        return regrouped
 
     # -- lifetime ---------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import environment, exact, loss_models
+from .. import environment, exact, loss_models, membership
 from .. import options as options_module
 from ..communicator import Communicator
 from ..errors import LossBudgetExceeded, TransportError
@@ -617,7 +617,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         --------
         >>> group = dist.shrink_group([dead_rank])  # the default "ud" group  # doctest: +SKIP
         """
-        excluded = _exclusion(ranks_to_exclude, self.rank(), self.size())
+        excluded = membership.exclusion(ranks_to_exclude, self.rank(), self.size())
         if shrink_flags not in (SHRINK_DEFAULT, SHRINK_ABORT):
             raise ValueError(f"shrink_flags must be SHRINK_DEFAULT ({SHRINK_DEFAULT}) or SHRINK_ABORT ({SHRINK_ABORT}), "
                              f"got {shrink_flags!r}")
@@ -630,8 +630,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         session = self.communicator.session_id  # the same on every rank of this group, new with each group
         if shrink_flags == SHRINK_ABORT:
             self.abort()
-        survivors = [rank for rank in range(self.size()) if rank not in excluded]
-        meeting = dist.PrefixStore(f"shrink/{session:016x}/{'-'.join(map(str, excluded))}/", store)
+        survivors = membership.survivors(excluded, self.size())
+        meeting = dist.PrefixStore(membership.shrink_key(session, excluded) + "/", store)
         return ProcessGroupUD(meeting, survivors.index(self.rank()), len(survivors), self._timeout,
                               pg_options or self.config, f"{self._ud_group_name}:shrunk")
 
@@ -654,29 +654,6 @@ class ProcessGroupUD(dist.ProcessGroup):
         # c10d's store, let go with the group: kept by a handle to a destroyed group, rank 0's
         # store server stayed up and the next group's rendezvous read the old one's addresses
         self.communicator.store = None
-
-
-def _exclusion(ranks_to_exclude, rank, world_size):
-    """The ranks to exclude, sorted, checked as torch.distributed.shrink_group checks them (the
-    same errors, for a caller of ProcessGroupUD.shrink who comes without it)."""
-    if not isinstance(ranks_to_exclude, (list, tuple)):
-        raise TypeError(f"ranks_to_exclude must be a list, got {type(ranks_to_exclude).__name__}")
-    if not ranks_to_exclude:
-        raise ValueError("ranks_to_exclude cannot be empty: name at least one rank to exclude")
-    for rank_excluded in ranks_to_exclude:
-        if isinstance(rank_excluded, bool) or not isinstance(rank_excluded, int):
-            raise TypeError(f"ranks_to_exclude must hold integers, got {rank_excluded!r}")
-        if not 0 <= rank_excluded < world_size:
-            raise ValueError(f"rank {rank_excluded} is out of bounds for a group of {world_size}")
-    excluded = sorted(set(ranks_to_exclude))
-    if len(excluded) != len(ranks_to_exclude):
-        raise ValueError(f"ranks_to_exclude names a rank twice: {list(ranks_to_exclude)}")
-    if len(excluded) >= world_size:
-        raise ValueError(f"cannot exclude all {world_size} ranks of the group: at least one must remain")
-    if rank in excluded:
-        raise RuntimeError(f"rank {rank} is in ranks_to_exclude and must not call shrink: only the ranks that "
-                           "remain take part")
-    return excluded
 
 
 def _claim(collective, index, items, typed=False):

@@ -24,7 +24,7 @@ from .. import exact
 from .._native import MAX_COPIES
 from ..errors import LossBudgetExceeded
 from ..options import check_copies
-from . import policy
+from . import policy, resharding
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
 from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
 from .copies_choice import CopiesChooser
@@ -71,6 +71,17 @@ class LossTolerantOptimizer:
         lossy step, takes the fewest copies that keep the chunk loss the reduce-scatter
         measured (over its last ~4000 contributions) at or below 1.5%; every rank chooses the same, from the
         agreed fraction. ``copies_used`` counts the lossy steps by the copies they sent.
+    join : bool, default False
+        This rank is new to a group that grew (``Communicator.grow`` / ``ud_transport.torch.
+        grow_group``): it takes rank 0's parameters and its shard's optimizer state from the
+        ranks that held it, exactly, while they call ``regroup`` on the same group. After a
+        rank dies, the survivors call ``regroup`` on the shrunk group (docs/elastic.md).
+
+    Attributes
+    ----------
+    restarted_elements : int
+        Elements of this rank's shard whose optimizer state started afresh at the last
+        ``regroup`` or join (their owner was gone); 0 otherwise.
 
     Raises
     ------
@@ -87,7 +98,7 @@ class LossTolerantOptimizer:
 
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
                  algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep",
-                 copies="auto"):
+                 copies="auto", join=False):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         if stale_fill not in ("keep", "extrapolate"):
@@ -111,38 +122,102 @@ class LossTolerantOptimizer:
         if any(p.device.type != "cpu" for p in self._params):
             raise ValueError("LossTolerantOptimizer takes CPU parameters (copy to the host around it on GPUs)")
         self.dtype = next(iter(dtypes))
-        self._flat = flatten(self._params)
-        self._grads = torch.empty_like(self._flat)
-        # every replica starts from rank 0's parameters, exactly
-        exact.broadcast(self.communicator, self._flat, 0, deadline=deadline)
-        unflatten_into(self._flat, self._params)
-        self.count = self._flat.numel()
-        self.shard = self.communicator.shard_range(self.count)
-        self._inner, self._pieces = self._shard_optimizer(type(optimizer))
-        chunk_of_element = chunk_index_of_elements(self.communicator, self._flat) if error_feedback or stale_fill == "extrapolate" else None
-        self.feedback = ErrorFeedback(self.communicator, self._flat, algorithm, chunk_of_element) if error_feedback else None
-        self.copies_used = collections.Counter()  # lossy steps by the copies they sent
-        self._chooser = None
-        if copies == "auto":
-            chunks = len(self.communicator.chunk_ranges(self.count, self.dtype))
-            self._chooser = CopiesChooser(chunks, self.communicator.world_size, MAX_COPIES)
-        self.extrapolation = (Extrapolation(self.communicator, self._flat, algorithm, chunk_of_element)
-                              if stale_fill == "extrapolate" else None)
-
-    def _shard_optimizer(self, optimizer_class):
-        """The wrapped optimizer's class over this rank's shard: one piece
-        per parameter group the shard overlaps, with that group's settings."""
-        start, stop = self.shard
-        groups, pieces, offset = [], [], 0
+        self._optimizer_class = type(optimizer)
+        self._error_feedback, self._stale_fill = error_feedback, stale_fill
+        self._group_ranges, offset = [], 0  # each parameter group's [start, stop) in the flat vector
         for group in self._groups:
             size = sum(p.numel() for p in group["params"])
-            low, high = max(start, offset), min(stop, offset + size)
-            if low < high:
-                piece = torch.nn.Parameter(self._flat[low:high].clone())
-                pieces.append((piece, low - start, high - start))
-                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [piece]})
+            self._group_ranges.append((offset, offset + size))
             offset += size
-        return (optimizer_class(groups) if groups else None), pieces
+        self._flat = flatten(self._params)
+        self._grads = torch.empty_like(self._flat)
+        self.count = self._flat.numel()
+        self.copies_used = collections.Counter()  # lossy steps by the copies they sent
+        # every replica starts from rank 0's parameters, exactly; a joining rank also takes its
+        # shard's optimizer state from the ranks that held it
+        self._settle_on(self.communicator, resharding.encode([], {}) if join else None)
+
+    def regroup(self, communicator):
+        """Go on over `communicator`, a group made from this optimizer's after ranks died
+        (``shrink``) or came (``grow``): every rank of it calls this at the same step boundary
+        (a newcomer constructs its optimizer with ``join=True`` there instead).
+
+        Ownership is re-sharded over the new group. Each range keeps the optimizer state its
+        owner had; a range whose owner is gone starts its state afresh (Adam: moments zero,
+        step 0), and is counted in ``restarted_elements``. The parameters become the owners'
+        values where an owner survives and the new rank 0's elsewhere, on every rank alike.
+        Error feedback's residuals and the extrapolation's last updates start afresh too.
+
+        Parameters
+        ----------
+        communicator : Communicator or a "ud" ProcessGroup
+            The new group, which this rank is in.
+
+        Raises
+        ------
+        TransportError
+            A collective of the move failed (the group's ranks did not all call it, ...); this
+            optimizer then still holds the old group's shard and should not step.
+
+        Examples
+        --------
+        >>> comm = comm.shrink([error.rank]); opt.regroup(comm)  # doctest: +SKIP
+        """
+        start = self.shard[0]
+        inner_groups = self._inner.param_groups if self._inner is not None else []
+        pieces, settings = [], {}
+        for (piece, low, high, group), inner_group in zip(self._pieces, inner_groups):
+            state = {name: value for name, value in self._inner.state.get(piece, {}).items()}
+            pieces.append((start + low, start + high, group, piece.detach().clone(), state))
+            settings.setdefault(group, {k: v for k, v in inner_group.items() if k != "params"})
+        self._settle_on(communicator_of(communicator), resharding.encode(pieces, settings))
+
+    def _settle_on(self, comm, record):
+        """Take rank 0's parameters exactly and this rank's shard of `comm` (with the state the
+        records carry, when `record` is this rank's: a join or a regroup)."""
+        flatten_into(self._params, self._flat)
+        exact.broadcast(comm, self._flat, 0, deadline=self.deadline)
+        records = []
+        if record is not None:
+            records = resharding.gather_records(comm, record, self.deadline)
+            resharding.owners_values(records, self._flat)
+        unflatten_into(self._flat, self._params)
+        self.communicator = comm
+        self.shard = comm.shard_range(self.count)
+        pieces = resharding.new_pieces(records, self.shard, self._group_ranges)
+        self.restarted_elements = sum(p.stop - p.start for p in pieces if p.state is None) if records else 0
+        settings = resharding.settings_of(records, self._groups)
+        self._inner, self._pieces = self._shard_optimizer(pieces, settings)
+        self._attach_repairs(comm)
+
+    def _shard_optimizer(self, pieces, settings):
+        """The wrapped optimizer's class over this rank's shard: one parameter group per piece,
+        with its group's settings and the state the piece carries."""
+        start = self.shard[0]
+        groups, params = [], []
+        for piece in pieces:
+            param = torch.nn.Parameter(self._flat[piece.start:piece.stop].clone())
+            params.append((param, piece.start - start, piece.stop - start, piece.group))
+            groups.append({**settings[piece.group], "params": [param]})
+        if not groups:
+            return None, []
+        inner = self._optimizer_class(groups)
+        for piece, (param, _, _, _) in zip(pieces, params):
+            if piece.state is not None:
+                inner.state[param] = dict(piece.state)
+        return inner, params
+
+    def _attach_repairs(self, comm):
+        """What depends on the group's chunk layout: error feedback, extrapolation, copies="auto"."""
+        repairs = self._error_feedback or self._stale_fill == "extrapolate"
+        chunk_of_element = chunk_index_of_elements(comm, self._flat) if repairs else None
+        self.feedback = ErrorFeedback(comm, self._flat, self.algorithm, chunk_of_element) if self._error_feedback else None
+        self._chooser = None
+        if self.copies == "auto":
+            chunks = len(comm.chunk_ranges(self.count, self.dtype))
+            self._chooser = CopiesChooser(chunks, comm.world_size, MAX_COPIES)
+        self.extrapolation = (Extrapolation(comm, self._flat, self.algorithm, chunk_of_element)
+                              if self._stale_fill == "extrapolate" else None)
 
     # -- the optimizer interface --------------------------------------------------
 
@@ -195,7 +270,10 @@ class LossTolerantOptimizer:
         LossBudgetExceeded
             Policy "raise" and the gradients missed the budget.
         TransportError
-            A collective failed. Parameters and optimizer state are unchanged on any error.
+            A collective failed (a ``PeerTimeout`` names a rank that is gone: see ``regroup``).
+            The parameters are unchanged on any error. So is the optimizer state when the
+            gradients' reduce-scatter failed; when the parameters' all-gather failed, the owners
+            had already stepped their shards (``regroup`` re-bases every rank on them).
 
         Examples
         --------
@@ -248,7 +326,7 @@ class LossTolerantOptimizer:
         else:
             self.counters.stepped += 1
         if self._inner is not None:
-            for piece, low, high in self._pieces:
+            for piece, low, high, _ in self._pieces:
                 piece.grad = shard_grad[low:high].clone()
             self._inner.step()
         own = self.owner_values()
@@ -275,6 +353,6 @@ class LossTolerantOptimizer:
         """This rank's shard as the owner holds it (for exact re-alignment)."""
         start, stop = self.shard
         own = torch.empty(stop - start, dtype=self.dtype)
-        for piece, low, high in self._pieces:
+        for piece, low, high, _ in self._pieces:
             own[low:high] = piece.detach()
         return own

@@ -1,0 +1,119 @@
+"""Rank functions for tests/test_elastic.py: the two-stage step (LossTolerantOptimizer) over a
+Communicator loses a rank (SIGKILL), the survivors shrink the communicator and re-shard the
+optimizer over themselves, and a replacement process joins them later (Communicator.join /
+grow) and takes its shard's state exactly.
+
+Every communicator here meets through the test's TCPStore (shrink_tasks.store), which outlives
+every rank, under the family the test names."""
+import os
+import signal
+
+import torch
+
+import ud_transport
+from ud_transport import options as options_module
+from ud_transport.torch import LossTolerantOptimizer
+
+from shrink_tasks import store
+
+DEADLINE = 5.0
+
+
+def _communicator(rank, world_size, port, family):
+    return ud_transport.Communicator(rank, world_size, store(port), "udp", options_module.build(deadline_cap_s=DEADLINE),
+                                     name=family)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Tanh(), torch.nn.Linear(48, 8))
+
+
+def _batches(seed, steps):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(12, 16, generator=generator), torch.randn(12, 8, generator=generator)) for _ in range(steps)]
+
+
+def _optimizer(model, comm, join=False):
+    # two groups with different settings: re-sharding must keep each piece's own
+    groups = [{"params": list(model[0].parameters()), "lr": 0.01},
+              {"params": list(model[2].parameters()), "lr": 0.02, "weight_decay": 0.0}]
+    return LossTolerantOptimizer(torch.optim.AdamW(groups), communicator=comm, loss_budget=0.1, join=join)
+
+
+def shard_state(opt):
+    """What this rank owns: [(start, stop, lr, {state name: value}), ...] in absolute positions."""
+    start = opt.shard[0]
+    held = []
+    for (param, low, high, _), group in zip(opt._pieces, opt.param_groups):
+        state = {name: (value.clone() if torch.is_tensor(value) else value)
+                 for name, value in opt._inner.state.get(param, {}).items()}
+        held.append((start + low, start + high, group["lr"], state))
+    return held
+
+
+def _flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _train(model, opt, batches, steps, first_step=0, die_at=None):
+    """Steps [first_step, steps); returns (the step a PeerTimeout came at or None, the error, last loss)."""
+    loss = None
+    for step in range(first_step, steps):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batches[step]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        try:
+            opt.step()
+        except ud_transport.PeerTimeout as error:
+            return step, error, loss.item()
+    return None, None, loss.item()
+
+
+def die_shrink_rejoin(cluster_comm, port, family, world_size, victim, kill_at, rejoin_at, steps):
+    """Ranks 0..world_size-1 train; `victim` dies at `kill_at`; the survivors shrink and regroup,
+    train to `rejoin_at`, then grow by one; the cluster's last rank (not in the first group) joins
+    there as the replacement, and all train to `steps`.
+
+    Returns what each rank saw: on a survivor the error, its shard before and after each move, and
+    parameters; on the newcomer the same from its join on."""
+    rank = cluster_comm.rank
+    model = _model()
+    if rank == world_size:  # the replacement: joins when the group next grows
+        comm = ud_transport.Communicator.join(store(port), family,
+                                              options=options_module.build(deadline_cap_s=DEADLINE), timeout_s=120)
+        opt = _optimizer(model, comm, join=True)
+        joined = {"rank": comm.rank, "world_size": comm.world_size, "state": shard_state(opt), "flat": _flat(model),
+                  "restarted": opt.restarted_elements}
+        batches = _batches(100 + comm.rank, steps)
+        _, error, loss = _train(model, opt, batches, steps, first_step=rejoin_at)
+        comm.close()
+        return {"joined": joined, "error": repr(error) if error else None, "flat": _flat(model), "loss": loss}
+    comm = _communicator(rank, world_size, port, family)
+    opt = _optimizer(model, comm)
+    batches = _batches(100 + rank, steps)
+    failed_at, error, first_loss = _train(model, opt, batches, rejoin_at, die_at=kill_at if rank == victim else None)
+    before_shrink = shard_state(opt)
+    shrunk = comm.shrink([error.rank])
+    comm.close()
+    opt.regroup(shrunk)
+    after_shrink = {"rank": shrunk.rank, "state": shard_state(opt), "restarted": opt.restarted_elements,
+                    "flat": _flat(model)}
+    batches = _batches(100 + shrunk.rank, steps)
+    _, late_error, _ = _train(model, opt, batches, rejoin_at, first_step=failed_at)
+    before_grow = shard_state(opt)
+    grown = shrunk.grow(1)
+    shrunk.close()
+    opt.regroup(grown)
+    after_grow = {"rank": grown.rank, "world_size": grown.world_size, "state": shard_state(opt),
+                  "restarted": opt.restarted_elements, "flat": _flat(model)}
+    batches = _batches(100 + grown.rank, steps)
+    _, last_error, loss = _train(model, opt, batches, steps, first_step=rejoin_at)
+    grown.close()
+    return {"failed_at": failed_at, "error": (type(error).__name__, error.rank, str(error)),
+            "late_errors": (repr(late_error) if late_error else None, repr(last_error) if last_error else None), "before_shrink": before_shrink, "after_shrink": after_shrink,
+            "before_grow": before_grow, "after_grow": after_grow, "flat": _flat(model), "first_loss": first_loss,
+            "loss": loss}

@@ -1,0 +1,136 @@
+"""A rank dies and a replacement comes, on a bare Communicator with the two-stage step
+(issue 39): the survivors shrink the communicator (Communicator.shrink) and re-shard the
+optimizer over themselves (LossTolerantOptimizer.regroup); later the group grows by one
+(Communicator.grow) and a new process joins it (Communicator.join, LossTolerantOptimizer(join=True)),
+taking rank 0's parameters and its shard's optimizer state exactly.
+
+What is checked, on real processes over UDP on loopback, the victim SIGKILLed:
+- every survivor's step fails with the same PeerTimeout naming the victim;
+- after each move every rank holds the same parameters bit for bit, each range's optimizer state
+  is exactly what its previous owner held (the dead rank's range restarted, counted), and each
+  piece keeps its parameter group's learning rate;
+- training goes on to the end on every rank with the same parameters."""
+import pytest
+import torch
+
+import elastic_tasks
+from conftest import run_with_victims
+from ud_transport import Communicator, membership
+
+
+def _by_position(held):
+    """{(start, stop): (lr, state)} of a rank's shard_state()."""
+    return {(start, stop): (lr, state) for start, stop, lr, state in held}
+
+
+def _owner_of(position, before):
+    """(lr, state) of the old piece holding [low, high), sliced to it; None where no rank held it."""
+    low, high = position
+    for held in before:
+        for start, stop, lr, state in held:
+            if start <= low and high <= stop:
+                return lr, {name: value[low - start:high - start] if torch.is_tensor(value) and value.dim() == 1
+                            else value for name, value in state.items()}
+    return None
+
+
+def check_move(before, after, what):
+    """Every piece after the move carries its old owner's state bit for bit (or none, where the
+    owner is gone, counted as restarted) and its group's learning rate; the shards tile the
+    parameters with no gap or overlap."""
+    restarted = 0
+    for rank, (held, counted) in enumerate(after):
+        for (low, high), (lr, state) in _by_position(held).items():
+            owner = _owner_of((low, high), before)
+            if owner is None:
+                assert state == {}, f"{what}, rank {rank}: [{low}, {high}) had no owner but carries state"
+                restarted += high - low
+                continue
+            old_lr, old_state = owner
+            assert lr == old_lr, f"{what}, rank {rank}: [{low}, {high}) lr {lr} != {old_lr}"
+            assert old_state.keys() == state.keys(), f"{what}, rank {rank}: {sorted(state)} != {sorted(old_state)}"
+            for name in state:
+                assert torch.equal(torch.as_tensor(state[name]), torch.as_tensor(old_state[name])), \
+                    f"{what}, rank {rank}: [{low}, {high}) {name} is not its old owner's"
+        assert counted == sum(high - low for (low, high), (_, state) in _by_position(held).items() if not state), \
+            f"{what}, rank {rank}: restarted_elements {counted}"
+    ranges = sorted((low, high) for held, _ in after for low, high, _, _ in held)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])) and ranges[0][0] == 0, f"{what}: {ranges}"
+    return restarted
+
+
+@pytest.mark.parametrize("world, victim", [(3, 1), (4, 0)])
+def test_the_two_stage_step_survives_a_death_and_takes_a_replacement(store_port, world, victim):
+    kill_at, rejoin_at, steps = 3, 6, 9
+    by_rank = run_with_victims(world + 1, [victim], elastic_tasks.die_shrink_rejoin, store_port, f"elastic-{world}",
+                               world, victim, kill_at, rejoin_at, steps)
+    survivors = [rank for rank in range(world) if rank != victim]
+    newcomer = by_rank[world]
+    for rank in survivors:
+        result = by_rank[rank]
+        name, blamed, message = result["error"]
+        assert (name, blamed, result["failed_at"]) == ("PeerTimeout", victim, kill_at), f"rank {rank}: {result['error']}"
+        assert result["late_errors"] == (None, None), f"rank {rank}: {result['late_errors']}"
+        assert result["after_shrink"]["rank"] == survivors.index(rank)
+        assert (result["after_grow"]["rank"], result["after_grow"]["world_size"]) == (survivors.index(rank), world)
+    # the shrink: each survivor's new shard carries the old owners' state; the victim's is restarted
+    ordered = sorted(survivors, key=lambda rank: by_rank[rank]["after_shrink"]["rank"])
+    before = [by_rank[rank]["before_shrink"] for rank in ordered]
+    after = [(by_rank[rank]["after_shrink"]["state"], by_rank[rank]["after_shrink"]["restarted"]) for rank in ordered]
+    restarted = check_move(before, after, "shrink")
+    assert 0 < restarted, "the victim's shard had state, and no survivor held it: some range must restart"
+    flat = by_rank[ordered[0]]["after_shrink"]["flat"]
+    for rank in ordered:
+        assert torch.equal(by_rank[rank]["after_shrink"]["flat"], flat), f"rank {rank}: parameters differ after shrink"
+    # the grow: the newcomer's shard comes from the survivors exactly; nothing restarts
+    assert (newcomer["joined"]["rank"], newcomer["joined"]["world_size"]) == (world - 1, world)
+    before = [by_rank[rank]["before_grow"] for rank in ordered]
+    after = [(by_rank[rank]["after_grow"]["state"], by_rank[rank]["after_grow"]["restarted"]) for rank in ordered]
+    after.append((newcomer["joined"]["state"], newcomer["joined"]["restarted"]))
+    assert check_move(before, after, "grow") == 0
+    assert newcomer["joined"]["state"] and all(state for _, _, _, state in newcomer["joined"]["state"]), \
+        "the newcomer's shard must carry the survivors' state"
+    flat = by_rank[ordered[0]]["after_grow"]["flat"]
+    assert torch.equal(newcomer["joined"]["flat"], flat), "the newcomer's parameters are not the group's"
+    for rank in ordered:
+        assert torch.equal(by_rank[rank]["after_grow"]["flat"], flat), f"rank {rank}: parameters differ after grow"
+    # training went on, the same on every rank
+    assert newcomer["error"] is None
+    for rank in ordered:
+        assert torch.equal(by_rank[rank]["flat"], newcomer["flat"]), f"rank {rank}: parameters differ at the end"
+
+
+@pytest.mark.parametrize("exclusion, error", [
+    ("not a list", TypeError), ([], ValueError), ([1, 1], ValueError), ([5], ValueError), ([0, 1, 2], ValueError),
+    ([True], TypeError), ([0], RuntimeError),
+])
+def test_an_exclusion_is_refused_as_torch_refuses_it(exclusion, error):
+    with pytest.raises(error):
+        membership.exclusion(exclusion, 0, 3)
+
+
+def test_a_closed_communicator_cannot_grow_and_a_bad_count_is_refused():
+    import ud_transport
+
+    comm = ud_transport.init(0, 1, store=_single_store(), transport="udp")
+    with pytest.raises(ValueError, match="at least 1"):
+        comm.grow(0)
+    with pytest.raises(ValueError, match="cannot exclude all"):
+        comm.shrink([0])
+    ud_transport.close()
+    with pytest.raises(ud_transport.TransportError, match="closed"):
+        comm.grow(1)
+
+
+def test_a_newcomer_no_group_seats_gives_up_with_its_ticket():
+    with pytest.raises(Exception, match="no group of 'nobody' grew"):
+        Communicator.join(_single_store(), "nobody", timeout_s=0.5)
+
+
+def _single_store():
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.HashStore() if hasattr(dist, "HashStore") else dist.TCPStore("127.0.0.1", 0, is_master=True,
+                                                                               timeout=datetime.timedelta(seconds=5))
