@@ -117,3 +117,114 @@ def die_shrink_rejoin(cluster_comm, port, family, world_size, victim, kill_at, r
             "late_errors": (repr(late_error) if late_error else None, repr(last_error) if last_error else None), "before_shrink": before_shrink, "after_shrink": after_shrink,
             "before_grow": before_grow, "after_grow": after_grow, "flat": _flat(model), "first_loss": first_loss,
             "loss": loss}
+
+
+def ddp_shrink_rejoin(cluster_comm, port, tag, world_size, victim, kill_at, rejoin_at, steps):
+    """docs/elastic.md's recipe on the default "ud" group with DDP and AdamW: `victim` dies before
+    step `kill_at`, the survivors shrink_group and re-wrap; at `rejoin_at` they grow_group(1) and
+    the cluster's last rank joins (join_group), takes rank 0's optimizer state
+    (broadcast_object_list) and DDP's broadcast of the parameters, and all train to `steps`.
+
+    Returns (the step the error came at, its outcome, parameters and optimizer state right after
+    the join, parameters at the end)."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ud_transport.torch as udt
+    from shrink_tasks import outcome_of
+
+    rank = cluster_comm.rank
+    newcomer = rank == world_size
+    torch.manual_seed(1 if newcomer else 0)  # the newcomer starts elsewhere: the join must bring it in line
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.01)
+    job_store = dist.PrefixStore(tag, store(port))
+    options = udt.BackendOptions(deadline=DEADLINE)
+    timeout = datetime.timedelta(seconds=30)
+    failed_at, outcome, joined = None, None, None
+
+    def batch(step):
+        generator = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+        return torch.randn(6, 8, generator=generator), torch.randn(6, 4, generator=generator)
+
+    def take_in():  # every rank of the grown group, the newcomer too
+        state = [optimizer.state_dict() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(state, src=0)
+        optimizer.load_state_dict(state[0])
+        model = DDP(module)  # broadcasts rank 0's parameters
+        return model, {"flat": _flat(module), "state": optimizer.state_dict()["state"], "rank": dist.get_rank(),
+                       "size": dist.get_world_size()}
+
+    if newcomer:
+        udt.join_group(job_store, timeout=timeout, pg_options=options, wait_s=120)
+        model, joined = take_in()
+        step = rejoin_at
+    else:
+        dist.init_process_group("ud", store=job_store, rank=rank, world_size=world_size, timeout=timeout,
+                                pg_options=options)
+        model = DDP(module)
+        step = 0
+    try:
+        while step < steps:
+            if step == kill_at and dist.get_rank() == victim and not newcomer and failed_at is None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == rejoin_at and joined is None:
+                udt.grow_group(1)
+                model, joined = take_in()
+            x, y = batch(step)
+            optimizer.zero_grad()
+            try:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+            except RuntimeError:
+                cause = dist.group.WORLD.last_error
+                if not isinstance(cause, ud_transport.PeerTimeout):
+                    raise
+                failed_at, outcome = step, outcome_of(cause)
+                group = dist.shrink_group([cause.rank], shrink_flags=c10d.SHRINK_ABORT)
+                model = DDP(module, process_group=group)
+                continue
+            optimizer.step()
+            step += 1
+        return failed_at, outcome, joined, _flat(module)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def paused_past_the_deadline(cluster_comm, port, family, pause_s):
+    """3 ranks on a Communicator: each enters a 64 MiB float allreduce (deadline DEADLINE), rank 2
+    last, and rank 2 is stopped (SIGSTOP, by a process of its own) 50 ms into it for `pause_s`,
+    then continued: a rank that is slow, not dead. Then every rank makes an exact int32 sum and a
+    lossy one on the same communicator.
+
+    Returns (the failed call's outcome, whether its tensor kept its values, the sums, world size)."""
+    import subprocess
+    import time
+
+    from shrink_tasks import BIG, JOIN_AFTER_S, outcome_of
+
+    rank = cluster_comm.rank
+    comm = _communicator(rank, 3, port, family)
+    tensor = torch.full((BIG,), float(rank + 1))
+    original = tensor.clone()
+    if rank == 2:
+        time.sleep(JOIN_AFTER_S)
+        subprocess.Popen(["sh", "-c", f"sleep 0.05; kill -STOP {os.getpid()}; sleep {pause_s}; kill -CONT {os.getpid()}"])
+    try:
+        comm.allreduce(tensor, loss_budget=0.1, deadline=DEADLINE)
+        error = None
+    except ud_transport.TransportError as caught:
+        error = caught
+    unchanged = bool(torch.equal(tensor, original)) if error is not None else None
+    exact = torch.full((1000,), rank + 1, dtype=torch.int32)
+    from ud_transport import exact as exact_layer
+
+    exact_layer.allreduce(comm, exact, deadline=DEADLINE)
+    lossy = torch.full((1000,), float(rank + 1))
+    comm.allreduce(lossy, loss_budget=0.1, deadline=DEADLINE)
+    comm.close()
+    return outcome_of(error), unchanged, (exact[0].item(), lossy.tolist() == [6.0] * 1000), comm.world_size

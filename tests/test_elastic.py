@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import elastic_tasks
-from conftest import run_with_victims
+from conftest import get_cluster, run_with_victims
 from ud_transport import Communicator, membership
 
 
@@ -134,3 +134,44 @@ def _single_store():
 
     return dist.HashStore() if hasattr(dist, "HashStore") else dist.TCPStore("127.0.0.1", 0, is_master=True,
                                                                                timeout=datetime.timedelta(seconds=5))
+
+
+def test_ddp_survives_a_death_and_takes_a_replacement_on_the_default_ud_group(store_port):
+    """docs/elastic.md's recipe end to end: 3 ranks of DDP with AdamW on the default "ud" group;
+    rank 1 dies before step 3, the survivors shrink_group and go on; at step 5 they grow_group(1)
+    and a fresh process (other initial weights) joins; at the join every rank holds the same
+    parameters and optimizer state bit for bit, and at step 8 the same parameters."""
+    by_rank = run_with_victims(4, [1], elastic_tasks.ddp_shrink_rejoin, store_port, "ddp-rejoin", 3, 1, 3, 5, 8)
+    survivors = [0, 2]
+    for rank in survivors:
+        failed_at, outcome, _, _ = by_rank[rank]
+        assert failed_at == 3 and outcome[:2] == ("PeerTimeout", 1), f"rank {rank}: {failed_at} {outcome}"
+    joined = {rank: by_rank[rank][2] for rank in by_rank}
+    assert sorted((j["rank"], j["size"]) for j in joined.values()) == [(0, 3), (1, 3), (2, 3)], joined
+    assert joined[3]["rank"] == 2, "the newcomer comes after the survivors"
+    reference = joined[0]
+    for rank, seen in joined.items():
+        assert torch.equal(seen["flat"], reference["flat"]), f"rank {rank}: parameters differ at the join"
+        assert seen["state"].keys() == reference["state"].keys() and reference["state"]
+        for index, state in seen["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, reference["state"][index][name]), f"rank {rank}: {name} differs at the join"
+    for rank in by_rank:
+        assert torch.equal(by_rank[rank][3], by_rank[0][3]), f"rank {rank}: parameters differ at the end"
+
+
+def test_a_rank_paused_past_the_deadline_fails_the_call_and_is_not_excluded(store_port):
+    """A rank stopped (SIGSTOP) in the middle of a call for longer than the deadline is slow, not
+    dead: the others' call fails with a PeerTimeout naming it ("went silent"), and its own call
+    fails too when it runs again (no rank takes a result the others refused), every tensor
+    unchanged; the library excludes nobody: the next calls on the same communicator, exact and
+    lossy, succeed with all three ranks' contributions."""
+    per_rank = get_cluster(3).run(elastic_tasks.paused_past_the_deadline, store_port, "paused",
+                                  elastic_tasks.DEADLINE + 3.0, timeout_s=240)
+    for rank, (outcome, unchanged, sums, size) in enumerate(per_rank):
+        name, blamed, message = outcome
+        assert name != "OK", f"rank {rank}: the call succeeded although rank 2 was stopped past the deadline"
+        if rank != 2:
+            assert (name, blamed) == ("PeerTimeout", 2) and "silent" in message, f"rank {rank}: {outcome}"
+        assert unchanged, f"rank {rank}: the tensor changed on error"
+        assert sums == (6, True) and size == 3, f"rank {rank}: after the pause {sums}, world {size}"

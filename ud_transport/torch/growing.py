@@ -1,0 +1,114 @@
+"""Growing the default "ud" group: a replacement for a dead rank (or any new rank) joins the
+ranks that are there, at a step boundary. torch has no API for it (shrink_group's inverse does
+not exist); this one is in its style:
+
+    group = ud_transport.torch.grow_group(1)            # every rank of the default group
+    group = ud_transport.torch.join_group(store)        # the newcomer, with the job's store
+
+Both end in torch's own init_process_group over the grown world, so the grown group is the
+default group as any other: the ranks there keep their numbers, newcomers come after them in
+the order they called join_group. Like shrink_group on the default group, growing destroys the
+other groups (their ranks mean what they meant in the old world; make them again)."""
+import datetime
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from .. import membership
+from .backend import ProcessGroupUD
+
+FAMILY = "c10d-default"  # where the default group's newcomers are seated, in the job's store
+
+
+def grow_group(newcomers, *, store=None):
+    """Grow the default "ud" group by `newcomers` ranks that call ``join_group``.
+
+    Every rank of the default group calls it with the same count at the same point; it returns
+    when every rank and newcomer has met (up to the group's store timeout).
+
+    Parameters
+    ----------
+    newcomers : int
+        At least 1.
+    store : torch.distributed.Store, optional
+        The store the job was started with (the newcomers are given it); None takes the one
+        ``init_process_group`` was given.
+
+    Returns
+    -------
+    ProcessGroupUD
+        The new default group (``dist.group.WORLD``), of the old size plus `newcomers`.
+
+    Raises
+    ------
+    ValueError
+        `newcomers` below 1, or the default group is not a "ud" group.
+    TransportError
+        Not every rank and newcomer met within the store timeout.
+
+    Examples
+    --------
+    >>> group = grow_group(1)  # doctest: +SKIP
+    >>> model = DDP(module)   # broadcasts rank 0's parameters to the newcomer  # doctest: +SKIP
+    """
+    if isinstance(newcomers, bool) or not isinstance(newcomers, int) or newcomers < 1:
+        raise ValueError(f"newcomers must be an integer of at least 1, got {newcomers!r}")
+    group = c10d._get_default_group()
+    if not isinstance(group, ProcessGroupUD):
+        raise ValueError(f"grow_group grows a default group on backend 'ud', not on {dist.get_backend()!r}")
+    store = store if store is not None else _job_store()
+    rank, size, session = group.rank(), group.size(), group.communicator.session_id
+    timeout, options = group._timeout, group.config
+    if rank == 0:
+        membership.offer_seats(store, FAMILY, session, size, newcomers)
+    dist.destroy_process_group()
+    return _meet(store, membership.grow_key(session, newcomers), rank, size + newcomers, timeout, options)
+
+
+def join_group(store, *, timeout=datetime.timedelta(minutes=30), pg_options=None, wait_s=600.0):
+    """Join the job's default "ud" group as a new rank when its ranks next call ``grow_group``;
+    this process must have no default group yet.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        The store the job's ranks were started with (one that outlives every rank).
+    timeout : datetime.timedelta
+        The group's timeout, as ``init_process_group`` takes it.
+    pg_options : BackendOptions, optional
+        The group's options; they should match the other ranks'.
+    wait_s : float, default 600
+        How long to wait for a grow to seat this rank.
+
+    Returns
+    -------
+    ProcessGroupUD
+        The default group, in which this rank comes after the ranks that were there.
+
+    Raises
+    ------
+    RuntimeError
+        This process already has a default group.
+    TransportError
+        No grow seated it within `wait_s`, or the meeting failed.
+
+    Examples
+    --------
+    >>> group = join_group(dist.TCPStore(host, port, is_master=False))  # doctest: +SKIP
+    """
+    if dist.is_initialized():
+        raise RuntimeError("join_group: this process already has a default group (destroy it first)")
+    seat = membership.take_seat(store, FAMILY, wait_s)
+    return _meet(store, seat.key, seat.rank, seat.world_size, timeout, pg_options)
+
+
+def _meet(store, key, rank, world_size, timeout, options):
+    dist.init_process_group("ud", store=dist.PrefixStore(key, store), rank=rank, world_size=world_size,
+                            timeout=timeout, pg_options=options)
+    return dist.group.WORLD
+
+
+def _job_store():
+    """The store init_process_group was given: c10d keeps it under its own prefix."""
+    store = c10d._get_default_store()
+    return store.underlying_store if isinstance(store, dist.PrefixStore) else store
