@@ -228,3 +228,63 @@ def paused_past_the_deadline(cluster_comm, port, family, pause_s):
     comm.allreduce(lossy, loss_budget=0.1, deadline=DEADLINE)
     comm.close()
     return outcome_of(error), unchanged, (exact[0].item(), lossy.tolist() == [6.0] * 1000), comm.world_size
+
+
+def hook_shrink(cluster_comm, port, tag, world_size, victim, kill_at, steps):
+    """docs/elastic.md's recipe for the DDP comm hook: DDP on Gloo, gradients over a Communicator
+    (LossyHookState). `victim` dies before step `kill_at`; the survivors' state.step() raises the
+    agreed PeerTimeout; they shrink the Communicator, make Gloo's default group again over
+    themselves (Gloo cannot shrink), re-wrap and train to `steps`.
+
+    Returns (the step the error came at, its outcome, the ranks after, parameters at the end)."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shrink_tasks import outcome_of
+    from ud_transport.torch import LossyHookState, lossy_allreduce_hook
+
+    rank = cluster_comm.rank
+    job_store = dist.PrefixStore(tag, store(port))
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    comm = _communicator(rank, world_size, port, tag)
+    timeout = datetime.timedelta(seconds=30)
+
+    def wrapped(comm):  # Gloo's default group over comm's ranks, DDP on it, the hook over comm
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"gloo-{comm.session_id:016x}", job_store),
+                                rank=comm.rank, world_size=comm.world_size, timeout=timeout)
+        model = DDP(module)
+        state = LossyHookState(comm, loss_budget=0.1, deadline=DEADLINE)
+        model.register_comm_hook(state, lossy_allreduce_hook)
+        return model, state
+
+    model, state = wrapped(comm)
+    failed_at, outcome, step = None, None, 0
+    try:
+        while step < steps:
+            if step == kill_at and rank == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            generator = torch.Generator().manual_seed(1000 * step + comm.rank)
+            x, y = torch.randn(6, 8, generator=generator), torch.randn(6, 4, generator=generator)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            try:
+                state.step(optimizer)
+            except ud_transport.PeerTimeout as error:
+                failed_at, outcome = step, outcome_of(error)
+                shrunk = comm.shrink([error.rank])
+                comm.close()
+                comm = shrunk
+                dist.destroy_process_group()
+                model, state = wrapped(comm)
+                optimizer.zero_grad()
+                continue  # the step again, on the survivors
+            optimizer.zero_grad()
+            step += 1
+        return failed_at, outcome, (comm.rank, comm.world_size), _flat(module)
+    finally:
+        comm.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

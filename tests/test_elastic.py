@@ -175,3 +175,15 @@ def test_a_rank_paused_past_the_deadline_fails_the_call_and_is_not_excluded(stor
             assert (name, blamed) == ("PeerTimeout", 2) and "silent" in message, f"rank {rank}: {outcome}"
         assert unchanged, f"rank {rank}: the tensor changed on error"
         assert sums == (6, True) and size == 3, f"rank {rank}: after the pause {sums}, world {size}"
+
+
+def test_the_ddp_hook_on_gloo_survives_a_death(store_port):
+    """docs/elastic.md's recipe for LossyHookState: 3 ranks, DDP on Gloo with the gradients over a
+    Communicator; rank 2 dies before step 3; the survivors' state.step() raises the same
+    PeerTimeout, they shrink the Communicator, make Gloo's group again and end step 8 with the
+    same parameters bit for bit."""
+    by_rank = run_with_victims(3, [2], elastic_tasks.hook_shrink, store_port, "hook", 3, 2, 3, 8)
+    for rank, (failed_at, outcome, placed, _) in by_rank.items():
+        assert failed_at == 3 and outcome[:2] == ("PeerTimeout", 2), f"rank {rank}: {failed_at} {outcome}"
+        assert placed == (rank, 2), f"rank {rank}: {placed}"
+    assert torch.equal(by_rank[0][3], by_rank[1][3]), "the survivors' parameters differ at the end"

@@ -29,7 +29,7 @@ log_switch.apply_environment(logging.getLogger("ud_transport"))  # UD_LOG=debug|
 _default = None
 
 
-def init(rank=None, world_size=None, *, store=None, transport="auto", **options):
+def init(rank=None, world_size=None, *, store=None, transport="auto", name=None, **options):
     """Create a Communicator and make it the default one (closing the previous default).
 
     Parameters
@@ -40,6 +40,9 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
         Where the ranks meet; None connects a TCPStore at ``MASTER_ADDR``:``MASTER_PORT``.
     transport : {"auto", "udp", "verbs"}, default "auto"
         "auto" takes verbs when an RDMA port is active, else UDP (``UD_TRANSPORT`` overrides).
+    name : str, optional
+        Keys the rendezvous in `store`, and is the communicator's ``family``: what a newcomer
+        names to join it (``Communicator.join``, docs/elastic.md).
     **options
         Fields of ``ud_transport.Options``, e.g. ``chunk_bytes=``, ``deadline_cap_s=``,
         ``inject=Bernoulli(0.1, seed=1)``; unset ones come from the environment
@@ -80,7 +83,7 @@ def init(rank=None, world_size=None, *, store=None, transport="auto", **options)
     resolved = options_module.build(**options)
     if store is None:
         store = rendezvous.store_from_environment(rank, world_size, resolved.store_timeout_s)
-    communicator = Communicator(rank, world_size, store, transport, resolved)
+    communicator = Communicator(rank, world_size, store, transport, resolved, name=name)
     if _default is not None:
         _default.close()
     _default = communicator

@@ -113,6 +113,9 @@ class Communicator:
 
     Attributes
     ----------
+    family : str
+        `name`, or the number it was given without one; kept by the communicators ``shrink``
+        and ``grow`` make from this one, and what a newcomer names to ``join`` them.
     stripes : int
         The sockets and threads a large allreduce or broadcast runs on: ``options.stripes``, or
         what "auto" agreed on at the rendezvous (the same on every rank; 1 on verbs).

@@ -89,7 +89,8 @@ def test_large_allreduce_at_full_mtu_delivers_everything():
 def allreduce_with_a_death(comm, victim, count, die_after_s, deadline):
     """Every rank allreduces; `victim` SIGKILLs itself `die_after_s` into the call, its QP
     destroyed with its process (UD sends to it then vanish without an error). The others return
-    (error class, blamed rank, tensor unchanged?, seconds)."""
+    (error class, blamed rank, tensor unchanged?, seconds), then shrink the communicator without
+    the blamed rank and return (rank, size, an exact sum right?) on it too."""
     import signal
     import threading
     import time
@@ -103,8 +104,16 @@ def allreduce_with_a_death(comm, victim, count, die_after_s, deadline):
         error = None
     except ud_transport.TransportError as caught:
         error = caught
+    elapsed = time.monotonic() - start
+    shrunk = None
+    if isinstance(error, ud_transport.PeerTimeout):
+        with comm.shrink([error.rank]) as survivors:
+            ones = np.full(1 << 16, comm.rank + 1.0, dtype=np.float32)
+            survivors.allreduce(ones, loss_budget=0.0, deadline=deadline)
+            expected = sum(rank + 1.0 for rank in range(comm.world_size) if rank != error.rank)
+            shrunk = (survivors.rank, survivors.world_size, bool(np.all(ones == expected)))
     return (type(error).__name__ if error else "OK", getattr(error, "rank", None),
-            bool(np.all(tensor == comm.rank + 1.0)), time.monotonic() - start)
+            bool(np.all(tensor == comm.rank + 1.0)), elapsed, shrunk)
 
 
 def test_a_rank_whose_qp_dies_mid_call_is_named_alike_by_the_survivors():
@@ -112,14 +121,16 @@ def test_a_rank_whose_qp_dies_mid_call_is_named_alike_by_the_survivors():
     ICMP: the survivors learn it from its silence, both raise PeerTimeout naming rank 2 within
     the deadline and its slack, tensors unchanged. (At 4 MiB and 0.3 s a fast run of the guest
     finished the call before the kill: rank 0 returned OK, the death landing after rank 2's
-    verdict.)"""
+    verdict.) Then the survivors shrink the communicator without it (issue 39 on verbs) and sum
+    exactly on the two of them."""
     deadline = 8.0
     results = run_ranks(range(3), 3, store_directory(), allreduce_with_a_death, 2, 4 << 20, 0.15, deadline,
                         transport="verbs", dying=(2,), **RIG_TIMING)
-    for rank, (name, blamed, unchanged, elapsed) in enumerate(results[:2]):
+    for rank, (name, blamed, unchanged, elapsed, shrunk) in enumerate(results[:2]):
         assert (name, blamed) == ("PeerTimeout", 2), (rank, name, blamed)
         assert unchanged, f"rank {rank}: tensor changed on error"
         assert elapsed < deadline + 0.3 + 3.0, f"rank {rank} took {elapsed:.1f} s"
+        assert shrunk == (rank, 2, True), f"rank {rank}: on the shrunk communicator {shrunk}"
 
 
 def describe(comm):

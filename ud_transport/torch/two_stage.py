@@ -133,6 +133,7 @@ class LossTolerantOptimizer:
         self._grads = torch.empty_like(self._flat)
         self.count = self._flat.numel()
         self.copies_used = collections.Counter()  # lossy steps by the copies they sent
+        self._handed = None  # what hand_over() gathered, for the next regroup
         # every replica starts from rank 0's parameters, exactly; a joining rank also takes its
         # shard's optimizer state from the ranks that held it
         self._settle_on(self.communicator, resharding.encode([], {}) if join else None)
@@ -163,6 +164,31 @@ class LossTolerantOptimizer:
         --------
         >>> comm = comm.shrink([error.rank]); opt.regroup(comm)  # doctest: +SKIP
         """
+        handed, self._handed = self._handed, None
+        self._settle_on(communicator_of(communicator), self._record(), handed)
+
+    def hand_over(self):
+        """Share every rank's shard of the optimizer state before ranks leave on purpose (a planned
+        scale-down): every rank of the group calls it; then the leavers go, and the ranks that stay
+        shrink and call ``regroup``, which takes the leavers' state from what was handed over
+        instead of restarting it. Every rank holds the whole optimizer state until ``regroup``.
+
+        Raises
+        ------
+        TransportError
+            The exchange failed (a rank did not call it, or died first).
+
+        Examples
+        --------
+        >>> opt.hand_over()                                          # doctest: +SKIP
+        >>> if leaving: exit()                                       # doctest: +SKIP
+        >>> comm = comm.shrink(leavers); opt.regroup(comm)           # doctest: +SKIP
+        """
+        self._handed = resharding.gather_records(self.communicator, self._record(), self.deadline)
+
+    def _record(self):
+        """This rank's shard as resharding's record: its pieces' ranges, values and state, and
+        the settings of their parameter groups."""
         start = self.shard[0]
         inner_groups = self._inner.param_groups if self._inner is not None else []
         pieces, settings = [], {}
@@ -170,16 +196,17 @@ class LossTolerantOptimizer:
             state = {name: value for name, value in self._inner.state.get(piece, {}).items()}
             pieces.append((start + low, start + high, group, piece.detach().clone(), state))
             settings.setdefault(group, {k: v for k, v in inner_group.items() if k != "params"})
-        self._settle_on(communicator_of(communicator), resharding.encode(pieces, settings))
+        return resharding.encode(pieces, settings)
 
-    def _settle_on(self, comm, record):
+    def _settle_on(self, comm, record, handed=None):
         """Take rank 0's parameters exactly and this rank's shard of `comm` (with the state the
-        records carry, when `record` is this rank's: a join or a regroup)."""
+        records carry, when `record` is this rank's: a join or a regroup; `handed`: the records
+        hand_over() gathered, which stand for them)."""
         flatten_into(self._params, self._flat)
         exact.broadcast(comm, self._flat, 0, deadline=self.deadline)
         records = []
         if record is not None:
-            records = resharding.gather_records(comm, record, self.deadline)
+            records = handed if handed is not None else resharding.gather_records(comm, record, self.deadline)
             resharding.owners_values(records, self._flat)
         unflatten_into(self._flat, self._params)
         self.communicator = comm
