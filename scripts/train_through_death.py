@@ -124,7 +124,9 @@ def run_ud(cluster_comm, arm, config):
             killed = float(store.get(f"{family}/killed").decode())
             events.append({"event": "kill", "step": step, "error_after_s": caught - killed,
                            "resumed_after_s": CLOCK() - killed, "restarted_elements": optimizer.restarted_elements})
-            continue  # the step again, on the survivors
+            if not optimizer.shards_stepped:
+                continue  # the step again, on the survivors
+            # the owners had stepped (the parameters' all-gather failed): the step stands
         optimizer.zero_grad()
         _evaluate(step, config, model, valid_data, curve, comm.rank == 0)
         step += 1
@@ -148,9 +150,13 @@ def run_gloo(cluster_comm, arm, config, resume):
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step, curve = saved["step"], [tuple(point) for point in saved["curve"]]
+        resumed_from = step
     try:
         while step < config["steps"]:
+            if resume and step == config["kill_at"] and not events:
+                events.append({"event": "back", "step": step, "at": CLOCK(), "resumed_from": resumed_from})
             if arm.get("kill") and not resume and step == config["kill_at"] and cluster_comm.rank == config["kill_rank"]:
+                _wait_for_checkpoint(config, step)
                 with open(config["kill_note"], "w") as note:
                     note.write(repr(CLOCK()))
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -168,16 +174,28 @@ def run_gloo(cluster_comm, arm, config, resume):
             optimizer.zero_grad()
             _evaluate(step, config, model, valid_data, curve, cluster_comm.rank == 0)
             step += 1
-            if resume and step == config["kill_at"]:
-                events.append({"event": "back", "step": step, "at": CLOCK()})
             if arm.get("kill") and step % config["checkpoint_every"] == 0 and cluster_comm.rank == 0:
                 partial = config["checkpoint"] + ".partial"
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "curve": curve}, partial)
                 os.replace(partial, config["checkpoint"])  # a death mid-save leaves the last whole one
+                with open(config["checkpoint"] + ".step", "w") as note:
+                    note.write(str(step))
     finally:
         dist.destroy_process_group()
     return {"curve": curve, "events": events, "rank": cluster_comm.rank}
+
+
+def _wait_for_checkpoint(config, step):
+    """A kill at a checkpoint's step comes after the checkpoint is written (Gloo's best case: no
+    step is redone); elsewhere the steps since the last one are (half an interval on average)."""
+    if step % config["checkpoint_every"]:
+        return
+    note = config["checkpoint"] + ".step"
+    for _ in range(6000):
+        if os.path.exists(note) and open(note).read() == str(step):
+            return
+        time.sleep(0.01)
 
 
 def run_until_a_death(cluster, function, *arguments, expect_death=False):
@@ -220,10 +238,9 @@ def gloo_arm(arm, config, workdir):
         with LocalCluster(config["ranks"]) as cluster:
             results, _ = run_until_a_death(cluster, run_gloo, arm, config, True)
         killed = float(open(config["kill_note"]).read())
-        back = next(e["at"] for e in results[0]["events"] if e["event"] == "back")
+        [back] = [e for e in results[0]["events"] if e["event"] == "back"]
         events = [{"event": "kill", "step": config["kill_at"], "seen_after_s": seen - killed,
-                   "resumed_after_s": back - killed,
-                   "steps_redone": config["kill_at"] - config["kill_at"] // config["checkpoint_every"] * config["checkpoint_every"]}]
+                   "resumed_after_s": back["at"] - killed, "steps_redone": config["kill_at"] - back["resumed_from"]}]
     else:
         events = []
     return {"curve": results[0]["curve"], "events": events, "wall_s": time.perf_counter() - started}
@@ -286,7 +303,12 @@ def main():
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     parser.add_argument("--json", default="")
     parser.add_argument("--plot", default="")
+    parser.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
+                        help="print the table across seeds from saved --json results, train nothing")
     args = parser.parse_args()
+    if args.summarize:
+        summarize([json.load(open(path)) for path in args.summarize])
+        return
     if not 0 < args.kill_rank < args.ranks or not 0 < args.kill_at_step < args.steps:
         parser.error("--kill-rank must be a rank other than 0 (rank 0 reports the curve) and --kill-at-step inside "
                      "the run")
@@ -330,6 +352,37 @@ def print_table(results, config):
         kill = next((e for e in r["events"] if e["event"] == "kill"), None)
         lost = f"{kill['resumed_after_s']:.2f}" if kill else ""
         print(f"| {name} | {ppl:.3f} | {versus} | {lost} |")
+
+
+# what each arm is compared with: (the arm, its reference, what the difference is)
+COMPARISONS = [("ud kill", "ud leave", "the dead rank's lost optimizer state (same data: the rank leaves either way)"),
+               ("ud kill", "ud", "the death, all told (one rank's data fewer after it)"),
+               ("ud leave", "ud", "the reduced data alone"),
+               ("ud kill+rejoin", "ud", "a death at S and a rejoin at T"),
+               ("gloo kill+restart", "gloo", "a restart from the checkpoint")]
+
+
+def summarize(saved):
+    """Final perplexity of each comparison, seed by seed, and the seconds from the kill to training."""
+    seeds = [s["config"]["seed"] for s in saved]
+    config = saved[0]["config"]
+    print(f"{config['ranks']} ranks, {config['steps']} steps, rank {config['kill_rank']} killed before step "
+          f"{config['kill_at']}, rejoin at {config['rejoin_at']}, seeds {seeds}\n")
+    print("| arm | against | what the difference is | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |")
+    print("|---|---|---|" + "---|" * (len(seeds) + 1))
+    for arm, reference, meaning in COMPARISONS:
+        if not all(arm in s["results"] and reference in s["results"] for s in saved):
+            continue
+        gaps = [100 * (s["results"][arm]["curve"][-1][1] / s["results"][reference]["curve"][-1][1] - 1) for s in saved]
+        print(f"| {arm} | {reference} | {meaning} | " + " | ".join(f"{gap:+.2f}%" for gap in gaps)
+              + f" | **{sum(gaps) / len(gaps):+.2f}%** |")
+    print("\n| arm | seconds from the kill to training again, by seed |")
+    print("|---|---|")
+    for arm in ("ud kill", "ud kill+rejoin", "gloo kill+restart"):
+        seconds = [next((e["resumed_after_s"] for e in s["results"].get(arm, {}).get("events", [])
+                         if e["event"] == "kill"), None) for s in saved]
+        if any(x is not None for x in seconds):
+            print(f"| {arm} | " + ", ".join("-" if x is None else f"{x:.2f}" for x in seconds) + " |")
 
 
 def plot(results, config, path):

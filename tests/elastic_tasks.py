@@ -103,7 +103,8 @@ def die_shrink_rejoin(cluster_comm, port, family, world_size, victim, kill_at, r
     after_shrink = {"rank": shrunk.rank, "state": shard_state(opt), "restarted": opt.restarted_elements,
                     "flat": _flat(model)}
     batches = _batches(100 + shrunk.rank, steps)
-    _, late_error, _ = _train(model, opt, batches, rejoin_at, first_step=failed_at)
+    # the failed step again, unless the owners had stepped (the parameters' all-gather failed)
+    _, late_error, _ = _train(model, opt, batches, rejoin_at, first_step=failed_at + opt.shards_stepped)
     before_grow = shard_state(opt)
     grown = shrunk.grow(1)
     shrunk.close()

@@ -15,7 +15,7 @@ import torch
 
 import elastic_tasks
 from conftest import get_cluster, run_with_victims
-from ud_transport import Communicator, membership
+from ud_transport import Communicator, TransportError, membership
 
 
 def _by_position(held):
@@ -34,7 +34,7 @@ def _owner_of(position, before):
     return None
 
 
-def check_move(before, after, what):
+def check_move(before, after, what, count):
     """Every piece after the move carries its old owner's state bit for bit (or none, where the
     owner is gone, counted as restarted) and its group's learning rate; the shards tile the
     parameters with no gap or overlap."""
@@ -55,7 +55,8 @@ def check_move(before, after, what):
         assert counted == sum(high - low for (low, high), (_, state) in _by_position(held).items() if not state), \
             f"{what}, rank {rank}: restarted_elements {counted}"
     ranges = sorted((low, high) for held, _ in after for low, high, _, _ in held)
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])) and ranges[0][0] == 0, f"{what}: {ranges}"
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])) and ranges[0][0] == 0 and ranges[-1][1] == count, \
+        f"{what}: {ranges} do not tile [0, {count})"
     return restarted
 
 
@@ -77,7 +78,8 @@ def test_the_two_stage_step_survives_a_death_and_takes_a_replacement(store_port,
     ordered = sorted(survivors, key=lambda rank: by_rank[rank]["after_shrink"]["rank"])
     before = [by_rank[rank]["before_shrink"] for rank in ordered]
     after = [(by_rank[rank]["after_shrink"]["state"], by_rank[rank]["after_shrink"]["restarted"]) for rank in ordered]
-    restarted = check_move(before, after, "shrink")
+    count = by_rank[survivors[0]]["flat"].numel()
+    restarted = check_move(before, after, "shrink", count)
     assert 0 < restarted, "the victim's shard had state, and no survivor held it: some range must restart"
     flat = by_rank[ordered[0]]["after_shrink"]["flat"]
     for rank in ordered:
@@ -87,7 +89,7 @@ def test_the_two_stage_step_survives_a_death_and_takes_a_replacement(store_port,
     before = [by_rank[rank]["before_grow"] for rank in ordered]
     after = [(by_rank[rank]["after_grow"]["state"], by_rank[rank]["after_grow"]["restarted"]) for rank in ordered]
     after.append((newcomer["joined"]["state"], newcomer["joined"]["restarted"]))
-    assert check_move(before, after, "grow") == 0
+    assert check_move(before, after, "grow", count) == 0
     assert newcomer["joined"]["state"] and all(state for _, _, _, state in newcomer["joined"]["state"]), \
         "the newcomer's shard must carry the survivors' state"
     flat = by_rank[ordered[0]]["after_grow"]["flat"]
@@ -123,7 +125,7 @@ def test_a_closed_communicator_cannot_grow_and_a_bad_count_is_refused():
 
 
 def test_a_newcomer_no_group_seats_gives_up_with_its_ticket():
-    with pytest.raises(Exception, match="no group of 'nobody' grew"):
+    with pytest.raises(TransportError, match="no group of 'nobody' grew"):
         Communicator.join(_single_store(), "nobody", timeout_s=0.5)
 
 

@@ -330,6 +330,32 @@ def test_torchrun_launches_backend_ud_with_groups_beside_it(world, tmp_path):
         assert result["received"] == [float((rank - 1) % world)] * 3
 
 
+def test_torchrun_job_shrinks_its_default_group_when_a_rank_leaves(tmp_path):
+    """Issue 39's c10d group API under torchrun: 3 ranks; rank 2 exits (status 0) after a first
+    allreduce; ranks 0 and 1 see their next allreduce end with the same PeerTimeout naming it,
+    tensors unchanged, shrink the default group (torchrun's agent hosts the store, which outlives
+    the rank) and sum on the two of them. (A rank SIGKILLed under torchrun makes the agent stop
+    every worker: docs/elastic.md, "Requirements".)"""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from ud_transport.lab.local_cluster import free_tcp_port
+
+    worker = pathlib.Path(__file__).with_name("torchrun_shrink_worker.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--master-addr=127.0.0.1",
+               f"--master-port={free_tcp_port()}", str(worker), str(tmp_path)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert not (tmp_path / "rank2.json").exists()
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["total"] == 6.0
+        assert result["outcome"] == ["PeerTimeout", 2] and result["unchanged"], f"rank {rank}: {result}"
+        assert (result["after"], result["rank_after"], result["size_after"]) == (3.0, rank, 2), f"rank {rank}: {result}"
+
+
 def test_phase_aware_budget_tightens_while_the_gradient_norm_moves_and_every_rank_agrees():
     """Warmup steps are critical; a steady norm is stable; a jump of the norm
     makes the following steps critical until the averages meet again (and

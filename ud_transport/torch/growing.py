@@ -31,8 +31,9 @@ def grow_group(newcomers, *, store=None):
     newcomers : int
         At least 1.
     store : torch.distributed.Store, optional
-        The store the job was started with (the newcomers are given it); None takes the one
-        ``init_process_group`` was given.
+        The job's store (the newcomers are given it); None takes the default group's. Seats and
+        the meeting are keyed in the store under its prefixes (``PrefixStore`` wrappers are
+        looked through), named by the group's session.
 
     Returns
     -------
@@ -56,7 +57,7 @@ def grow_group(newcomers, *, store=None):
     group = c10d._get_default_group()
     if not isinstance(group, ProcessGroupUD):
         raise ValueError(f"grow_group grows a default group on backend 'ud', not on {dist.get_backend()!r}")
-    store = store if store is not None else _job_store()
+    store = _root(store if store is not None else c10d._get_default_store())
     rank, size, session = group.rank(), group.size(), group.communicator.session_id
     timeout, options = group._timeout, group.config
     if rank == 0:
@@ -72,7 +73,8 @@ def join_group(store, *, timeout=datetime.timedelta(minutes=30), pg_options=None
     Parameters
     ----------
     store : torch.distributed.Store
-        The store the job's ranks were started with (one that outlives every rank).
+        The job's store (one that outlives every rank: under torchrun, the agent's), bare or
+        wrapped in prefixes (they are looked through).
     timeout : datetime.timedelta
         The group's timeout, as ``init_process_group`` takes it.
     pg_options : BackendOptions, optional
@@ -98,6 +100,7 @@ def join_group(store, *, timeout=datetime.timedelta(minutes=30), pg_options=None
     """
     if dist.is_initialized():
         raise RuntimeError("join_group: this process already has a default group (destroy it first)")
+    store = _root(store)
     seat = membership.take_seat(store, FAMILY, wait_s)
     return _meet(store, seat.key, seat.rank, seat.world_size, timeout, pg_options)
 
@@ -108,7 +111,10 @@ def _meet(store, key, rank, world_size, timeout, options):
     return dist.group.WORLD
 
 
-def _job_store():
-    """The store init_process_group was given: c10d keeps it under its own prefix."""
-    store = c10d._get_default_store()
-    return store.underlying_store if isinstance(store, dist.PrefixStore) else store
+def _root(store):
+    """The store under every prefix: c10d wraps the one init_process_group was given (in
+    "default_pg/" under env://, in the group's name always, in a grow's key after a grow), and a
+    newcomer may hold it bare or wrapped otherwise, so seats and meetings are keyed in the root."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store

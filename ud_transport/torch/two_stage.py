@@ -82,6 +82,9 @@ class LossTolerantOptimizer:
     restarted_elements : int
         Elements of this rank's shard whose optimizer state started afresh at the last
         ``regroup`` or join (their owner was gone); 0 otherwise.
+    shards_stepped : bool
+        Whether the last ``step()`` updated the owners' shards, also when it then failed (in
+        the parameters' all-gather): a step that failed with this True must not be retried.
 
     Raises
     ------
@@ -136,7 +139,9 @@ class LossTolerantOptimizer:
         self._handed = None  # what hand_over() gathered, for the next regroup
         # every replica starts from rank 0's parameters, exactly; a joining rank also takes its
         # shard's optimizer state from the ranks that held it
-        self._settle_on(self.communicator, resharding.encode([], {}) if join else None)
+        self.shards_stepped = False
+        self._settle_on(self.communicator,
+                        self._records_over(self.communicator, resharding.encode([], {})) if join else None)
 
     def regroup(self, communicator):
         """Go on over `communicator`, a group made from this optimizer's after ranks died
@@ -164,8 +169,16 @@ class LossTolerantOptimizer:
         --------
         >>> comm = comm.shrink([error.rank]); opt.regroup(comm)  # doctest: +SKIP
         """
-        handed, self._handed = self._handed, None
-        self._settle_on(communicator_of(communicator), self._record(), handed)
+        comm = communicator_of(communicator)
+        self._settle_on(comm, self._records_over(comm, self._record()))
+        self._handed = None
+
+    def _records_over(self, comm, record):
+        """Every rank's record over `comm`: what hand_over() gathered where every rank of `comm`
+        holds it (a newcomer does not; nor a rank whose hand_over failed): all alike, or none."""
+        if not comm.agree(self._handed is None, deadline=self.deadline):
+            return self._handed
+        return resharding.gather_records(comm, record, self.deadline)
 
     def hand_over(self):
         """Share every rank's shard of the optimizer state before ranks leave on purpose (a planned
@@ -184,6 +197,7 @@ class LossTolerantOptimizer:
         >>> if leaving: exit()                                       # doctest: +SKIP
         >>> comm = comm.shrink(leavers); opt.regroup(comm)           # doctest: +SKIP
         """
+        self._handed = None
         self._handed = resharding.gather_records(self.communicator, self._record(), self.deadline)
 
     def _record(self):
@@ -198,29 +212,25 @@ class LossTolerantOptimizer:
             settings.setdefault(group, {k: v for k, v in inner_group.items() if k != "params"})
         return resharding.encode(pieces, settings)
 
-    def _settle_on(self, comm, record, handed=None):
-        """Take rank 0's parameters exactly and this rank's shard of `comm` (with the state the
-        records carry, when `record` is this rank's: a join or a regroup; `handed`: the records
-        hand_over() gathered, which stand for them)."""
+    def _settle_on(self, comm, records):
+        """Take rank 0's parameters exactly and this rank's shard of `comm`, with the state that
+        `records` (resharding's, every rank's alike; None: a new optimizer) carry. Nothing of this
+        optimizer changes unless every step succeeds."""
         flatten_into(self._params, self._flat)
         exact.broadcast(comm, self._flat, 0, deadline=self.deadline)
-        records = []
-        if record is not None:
-            records = handed if handed is not None else resharding.gather_records(comm, record, self.deadline)
+        if records is not None:
             resharding.owners_values(records, self._flat)
+        shard = comm.shard_range(self.count)
+        pieces = resharding.new_pieces(records or [], shard, self._group_ranges)
+        inner, params = self._shard_optimizer(pieces, resharding.settings_of(records or [], self._groups), shard[0])
         unflatten_into(self._flat, self._params)
-        self.communicator = comm
-        self.shard = comm.shard_range(self.count)
-        pieces = resharding.new_pieces(records, self.shard, self._group_ranges)
+        self.communicator, self.shard, self._inner, self._pieces = comm, shard, inner, params
         self.restarted_elements = sum(p.stop - p.start for p in pieces if p.state is None) if records else 0
-        settings = resharding.settings_of(records, self._groups)
-        self._inner, self._pieces = self._shard_optimizer(pieces, settings)
         self._attach_repairs(comm)
 
-    def _shard_optimizer(self, pieces, settings):
-        """The wrapped optimizer's class over this rank's shard: one parameter group per piece,
-        with its group's settings and the state the piece carries."""
-        start = self.shard[0]
+    def _shard_optimizer(self, pieces, settings, start):
+        """The wrapped optimizer's class over this rank's shard (from `start`): one parameter
+        group per piece, with its group's settings and the state the piece carries."""
         groups, params = [], []
         for piece in pieces:
             param = torch.nn.Parameter(self._flat[piece.start:piece.stop].clone())
@@ -299,8 +309,10 @@ class LossTolerantOptimizer:
         TransportError
             A collective failed (a ``PeerTimeout`` names a rank that is gone: see ``regroup``).
             The parameters are unchanged on any error. So is the optimizer state when the
-            gradients' reduce-scatter failed; when the parameters' all-gather failed, the owners
-            had already stepped their shards (``regroup`` re-bases every rank on them).
+            gradients' reduce-scatter failed (``shards_stepped`` is False: take the step again);
+            when the parameters' all-gather failed, the owners had already stepped their shards
+            (``shards_stepped`` is True, on every rank alike: the step stands, do not take it
+            again; ``regroup`` re-bases every rank on the owners' values).
 
         Examples
         --------
@@ -310,6 +322,8 @@ class LossTolerantOptimizer:
             with torch.enable_grad():
                 closure()
         comm = self.communicator
+        self._handed = None  # a hand_over() not followed by regroup is void: the state moved on
+        self.shards_stepped = False
         grads = flatten_into([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params], self._grads)
         budget = self.phase_budget.budget(grads) if self.phase_budget is not None else self.loss_budget
         if self.feedback is not None:
@@ -356,6 +370,7 @@ class LossTolerantOptimizer:
             for piece, low, high, _ in self._pieces:
                 piece.grad = shard_grad[low:high].clone()
             self._inner.step()
+        self.shards_stepped = True  # from here an error leaves the step applied to the owners' shards
         own = self.owner_values()
         flatten_into(self._params, self._flat)  # where a chunk does not arrive, it keeps this replica's value
         if budget == 0.0 or self.exact_gather:
