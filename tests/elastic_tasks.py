@@ -289,3 +289,29 @@ def hook_shrink(cluster_comm, port, tag, world_size, victim, kill_at, steps):
         comm.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def hand_over_then_grow(cluster_comm, port, family):
+    """Ranks 0 and 1 train 2 steps, hand their shards over (as before a planned leave), but then
+    grow by one instead: the cluster's rank 2 joins. The handed-over records must not be used,
+    since the newcomer holds none: every rank gathers afresh. Returns
+    (shard before the grow or None, shard after, restarted_elements, parameters)."""
+    model = _model()
+    if cluster_comm.rank == 2:
+        comm = ud_transport.Communicator.join(store(port), family,
+                                              options=options_module.build(deadline_cap_s=DEADLINE), timeout_s=120)
+        opt = _optimizer(model, comm, join=True)
+        before = None
+    else:
+        comm = _communicator(cluster_comm.rank, 2, port, family)
+        opt = _optimizer(model, comm)
+        _train(model, opt, _batches(100 + comm.rank, 2), 2)
+        opt.hand_over()
+        before = shard_state(opt)
+        grown = comm.grow(1)
+        comm.close()
+        comm = grown
+        opt.regroup(comm)
+    result = (before, shard_state(opt), opt.restarted_elements, _flat(model))
+    comm.close()
+    return result

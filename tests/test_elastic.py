@@ -189,3 +189,17 @@ def test_the_ddp_hook_on_gloo_survives_a_death(store_port):
         assert failed_at == 3 and outcome[:2] == ("PeerTimeout", 2), f"rank {rank}: {failed_at} {outcome}"
         assert placed == (rank, 2), f"rank {rank}: {placed}"
     assert torch.equal(by_rank[0][3], by_rank[1][3]), "the survivors' parameters differ at the end"
+
+
+def test_handed_over_state_is_used_only_where_every_rank_holds_it(store_port):
+    """hand_over() on the two ranks of a group, then a grow instead of a leave: the newcomer holds
+    no handed-over records, so every rank gathers the state afresh (agreed), and the newcomer's
+    shard carries the old owners' state bit for bit, nothing restarted, parameters equal."""
+    per_rank = get_cluster(3).run(elastic_tasks.hand_over_then_grow, store_port, "handed", timeout_s=240)
+    before = [per_rank[0][0], per_rank[1][0]]
+    after = [(state, restarted) for _, state, restarted, _ in per_rank]
+    count = per_rank[0][3].numel()
+    assert check_move(before, after, "grow after hand_over", count) == 0
+    assert per_rank[2][1] and all(state for _, _, _, state in per_rank[2][1]), "the newcomer's shard has no state"
+    for rank in (1, 2):
+        assert torch.equal(per_rank[rank][3], per_rank[0][3]), f"rank {rank}: parameters differ"

@@ -858,10 +858,7 @@ class Communicator:
         --------
         >>> comm = comm.grow(1)  # a replacement has called Communicator.join  # doctest: +SKIP
         """
-        if isinstance(newcomers, bool) or not isinstance(newcomers, int) or newcomers < 1:
-            raise ValueError(f"newcomers must be an integer of at least 1, got {newcomers!r}")
-        if self.world_size + newcomers > _native.MAX_WORLD_SIZE:
-            raise ValueError(f"{self.world_size} + {newcomers} ranks exceed the supported maximum {_native.MAX_WORLD_SIZE}")
+        membership.check_growth(self.world_size, newcomers)
         if self.closed:
             raise TransportError("communicator is closed: it cannot grow")
         if self.rank == 0:

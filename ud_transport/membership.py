@@ -39,6 +39,22 @@ def exclusion(ranks_to_exclude, rank, world_size):
     return excluded
 
 
+def check_growth(world_size, newcomers):
+    """Refuse a grow by `newcomers` (not an integer of at least 1, or a world past the maximum)
+    before anything is offered in the store.
+
+    Raises
+    ------
+    ValueError
+    """
+    from . import _native
+
+    if isinstance(newcomers, bool) or not isinstance(newcomers, int) or newcomers < 1:
+        raise ValueError(f"newcomers must be an integer of at least 1, got {newcomers!r}")
+    if world_size + newcomers > _native.MAX_WORLD_SIZE:
+        raise ValueError(f"{world_size} + {newcomers} ranks exceed the supported maximum {_native.MAX_WORLD_SIZE}")
+
+
 def survivors(excluded, world_size):
     """The ranks that remain, in order: survivor i is rank i of the shrunk group."""
     return [rank for rank in range(world_size) if rank not in excluded]

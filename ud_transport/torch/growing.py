@@ -43,7 +43,8 @@ def grow_group(newcomers, *, store=None):
     Raises
     ------
     ValueError
-        `newcomers` below 1, or the default group is not a "ud" group.
+        `newcomers` below 1, a world past the supported maximum, or the default group is not a
+        "ud" group.
     TransportError
         Not every rank and newcomer met within the store timeout.
 
@@ -52,11 +53,10 @@ def grow_group(newcomers, *, store=None):
     >>> group = grow_group(1)  # doctest: +SKIP
     >>> model = DDP(module)   # broadcasts rank 0's parameters to the newcomer  # doctest: +SKIP
     """
-    if isinstance(newcomers, bool) or not isinstance(newcomers, int) or newcomers < 1:
-        raise ValueError(f"newcomers must be an integer of at least 1, got {newcomers!r}")
     group = c10d._get_default_group()
     if not isinstance(group, ProcessGroupUD):
         raise ValueError(f"grow_group grows a default group on backend 'ud', not on {dist.get_backend()!r}")
+    membership.check_growth(group.size(), newcomers)
     store = _root(store if store is not None else c10d._get_default_store())
     rank, size, session = group.rank(), group.size(), group.communicator.session_id
     timeout, options = group._timeout, group.config
