@@ -5,7 +5,7 @@ import os
 import struct
 import threading
 
-from . import _native, algorithms, collectives, membership, rendezvous, stripe_choice, transports
+from . import _native, algorithms, collectives, membership, rendezvous, staging, stripe_choice, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
@@ -378,20 +378,22 @@ class Communicator:
                  "broadcast": _native.COLLECTIVE_BROADCAST, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL}
         if collective not in codes:
             raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
-        view = view_of(tensor)
+        view = view_of(tensor if not staging.on_device(tensor) else tensor.new_empty(0, device="cpu"))
+        count = tensor.numel() if staging.on_device(tensor) else view.count  # its size alone: nothing is staged
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
         if collective == "all_to_all":
-            self._check_all_to_all_count(view.count)
+            self._check_all_to_all_count(count)
             algorithm_name = "direct"  # its only schedule
-        size = _native.chunk_mask_bytes(codes[collective], algorithms.CODES[algorithm_name], view.count, view.dtype_code,
+        size = _native.chunk_mask_bytes(codes[collective], algorithms.CODES[algorithm_name], count, view.dtype_code,
                                         self.rank, self.world_size, self.chunk_bytes)
-        if size == 0 and view.count:
+        if size == 0 and count:
             raise ValueError(f"no chunk mask for a {algorithm_name} {collective} of {self.world_size} ranks: "
                              "use algorithm='direct'")
         return np.zeros((self.world_size, size // self.world_size) if collective == "reduce_scatter" else size,
                         dtype=np.uint8)
 
     @_documented
+    @staging.stages(writes=("tensor",))
     def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None,
                   layout_salt=0, on_miss="raise"):
         """Reduce `tensor` across ranks, in place.
@@ -431,6 +433,7 @@ class Communicator:
                          layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
+    @staging.stages(reads=("tensor",), writes=("output",))
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,
                        chunk_mask=None, copies=None, on_miss="raise"):
         """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
@@ -468,6 +471,7 @@ class Communicator:
                          on_miss=on_miss)
 
     @_documented
+    @staging.stages(reads=("shard",), writes=("output",))
     def all_gather(self, shard, output, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
                    direct_output=False, layout_salt=0, on_miss="raise"):
         """Gather every rank's shard into `output`, the full tensor.
@@ -509,6 +513,7 @@ class Communicator:
                          direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
+    @staging.stages(writes=("tensor",))
     def broadcast(self, tensor, src=0, *, loss_budget=None, deadline=None, algorithm=None, chunk_mask=None, copies=None,
                   direct_output=False, layout_salt=0, on_miss="raise"):
         """Copy rank `src`'s tensor into every rank's, in place.
@@ -545,6 +550,7 @@ class Communicator:
                          direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
+    @staging.stages(reads=("tensor",), writes=("output",))
     def all_to_all(self, tensor, output, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
                    direct_output=False, layout_salt=0, on_miss="raise"):
         """Exchange pieces: block q of this rank's `tensor` goes to rank q, and block p of `output`

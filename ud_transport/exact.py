@@ -52,7 +52,7 @@ import math
 import weakref
 import zlib
 
-from . import tensors
+from . import staging, tensors
 from .errors import LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
@@ -334,6 +334,7 @@ def _element_pairs(starts, stops, chunks, slots, step):
     return torch.from_numpy(packed), torch.from_numpy(np.repeat(starts[chunks], lengths) + within)
 
 
+@staging.stages(writes=("tensor",))
 @_without_autograd
 def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="broadcast"):
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
@@ -354,6 +355,7 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     return stats
 
 
+@staging.stages(reads=("shard",), writes=("output",))
 @_without_autograd
 def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather"):
     """Gather every rank's shard (any dtype, the same size everywhere) into
@@ -387,6 +389,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
     return stats
 
 
+@staging.stages(reads=("tensor",), writes=("output",))
 @_without_autograd
 def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all"):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
@@ -510,6 +513,7 @@ def _repair_pieces(comm, source, target, held, first, attempts, deadline):
                              calls[-1] if calls else first)
 
 
+@staging.stages(writes=("tensor",))
 @_without_autograd
 def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="allreduce", form="auto"):
     """Reduce `tensor` (numpy or torch, CPU, any dtype) across ranks in place,

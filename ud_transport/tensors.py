@@ -3,7 +3,7 @@ copying it, and check that the engine can work on it in place."""
 import enum
 import sys
 
-from . import _native
+from . import _native, staging
 
 
 class ReduceOp(str, enum.Enum):
@@ -113,12 +113,17 @@ def _numpy_view(array):
     return TensorView(array.ctypes.data, array.size, array.dtype.name, array.itemsize, pin=pin)
 
 
-def refuse_unsupported_torch(tensor, who="collectives"):
+def refuse_unsupported_torch(tensor, who="collectives", staged=False):
     """What every torch tensor of a collective must be, whoever checks it (the API here, the
-    "ud" backend on its caller's thread): on the host, dense, not quantized."""
+    "ud" backend on its caller's thread): dense, not quantized, on the host, or on a CUDA device
+    where the caller stages it through host memory (`staged`: ud_transport.staging)."""
     if tensor.device.type != "cpu":
-        raise ValueError(f"{who}: CPU tensors only, got one on {tensor.device}: "
-                         "copy it to the host (t.cpu()), call, and copy the result back")
+        if not (staged and staging.on_device(tensor)):
+            raise ValueError(f"{who}: CPU and CUDA tensors only, got one on {tensor.device}"
+                             if staged or tensor.device.type not in staging.ON_DEVICE_TYPES else
+                             f"{who}: the engine reads host memory only, got a tensor on {tensor.device} "
+                             "(the collectives stage CUDA tensors through pinned host memory themselves)")
+        staging.DEVICE.check(tensor)
     if tensor.is_sparse or tensor.is_quantized or str(tensor.layout) != "torch.strided":
         raise TypeError(f"{who}: dense, non-quantized tensors only, got layout {tensor.layout}, dtype {tensor.dtype}")
 

@@ -14,11 +14,17 @@ from ..errors import TransportError
 class Work(dist._Work):
     """A collective that runs (or ran) on the worker. wait() blocks until it
     is done and raises its error, if any; get_future() gives a Future whose
-    value is `result` (what c10d expects, e.g. the list of tensors)."""
+    value is `result` (what c10d expects, e.g. the list of tensors).
 
-    def __init__(self, result):
+    `staged` (ud_transport.staging.Staged): the call's CUDA tensors went through host twins.
+    Then, as for c10d's CUDA backends, wait() makes the caller's current stream wait for the
+    copies back (the host waits only for the call), and the future is CUDA-aware: its value's
+    events follow the copies back, so DDP's reducer reads the bucket after them."""
+
+    def __init__(self, result, staged=None):
         super().__init__()
         self._result = result
+        self._staged = staged if staged else None
         self._done = threading.Event()
         self._error = None
         self._claimed = False  # taken by the worker thread or a waiter (SerialWorker, under its lock)
@@ -27,7 +33,7 @@ class Work(dist._Work):
         # C++): Future.set_exception stores the exception as the value, which the reducer read as
         # tensors, and the process died (SIGSEGV) on a collective's error. A then() callback that
         # raises sets the Future's error; Python waiters get it as RuntimeError with the message.
-        self._ended = torch.futures.Future()
+        self._ended = torch.futures.Future(devices=[self._staged.device]) if self._staged else torch.futures.Future()
         self._future = self._ended.then(self._result_or_error)
 
     def _result_or_error(self, _ended):
@@ -38,7 +44,11 @@ class Work(dist._Work):
     def _finish(self, error=None):
         self._error = error
         self._done.set()
-        self._ended.set_result(None)
+        if self._staged is not None and error is None:
+            with self._staged.on_side_stream():  # the value's events are recorded after the copies back
+                self._ended.set_result(self._result)
+        else:
+            self._ended.set_result(None)
 
     def wait(self, timeout=None):
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -48,6 +58,8 @@ class Work(dist._Work):
             raise TimeoutError("collective still running")
         if self._error is not None:
             raise self._error
+        if self._staged is not None:
+            self._staged.caller_waits()
         return True
 
     def is_completed(self):
@@ -76,7 +88,7 @@ class SerialWorker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, run, result, inline=False):
+    def submit(self, run, result, inline=False, staged=None):
         """Queue run() (which may raise); returns a Work carrying `result`. After close() it
         raises TransportError: nothing would run the call, and its Work would never finish.
 
@@ -85,11 +97,16 @@ class SerialWorker:
         small one is not handed to the worker thread and back (as much as ~0.5 ms on 2 cores,
         what the call itself takes); an asynchronous one still returns at once and runs on the
         worker, overlapping the caller's work. The order of calls is kept: only the one call
-        pending can be taken."""
+        pending can be taken.
+
+        staged: the Staged of the call's CUDA tensors (made on the caller's thread); run() works
+        on its host twins, which are waited for first and copied back after a success."""
         with self._closing:
             if self._closed:
                 raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
-            work = Work(result)
+            work = Work(result, staged)
+            if work._staged is not None:
+                run = through_host(run, staged)
             self._pending += 1
             if inline:
                 work._take = lambda: self._take(run, work)
@@ -139,3 +156,17 @@ class SerialWorker:
         if self._thread.is_alive():
             if threading.current_thread() is not self._thread:
                 self._thread.join()
+
+
+def through_host(run, staged):
+    """run() between the landing of `staged`'s copies to the host and, after a success, the
+    queueing of its copies back; after an error nothing is copied back."""
+    def staged_run():
+        staged.landed()
+        try:
+            run()
+        except BaseException:
+            staged.release()
+            raise
+        staged.write_back()
+    return staged_run

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from .. import environment, exact, loss_models, membership
 from .. import options as options_module
 from ..communicator import Communicator
+from ..staging import Staged
 from ..errors import LossBudgetExceeded, TransportError
 from ..tensors import op_name, refuse_unsupported_torch
 from . import _common, composite, point_to_point, policy
@@ -268,7 +269,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
-    def _submit(self, run, result, inline=False):
+    def _submit(self, run, result, inline=False, staged=None):
         """Queue run() on the group's worker so that every rank starts at least one engine call
         for it: where it starts none here (a list of no tensors, or an argument this rank refused
         before the engine), an agreement round goes in its place (an exact call of no elements
@@ -290,7 +291,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise
             if self._started_nothing_since(before):
                 exact.barrier(self.communicator, deadline=self.config.deadline)
-        return self._worker.submit(in_step, result, inline=inline)
+        return self._worker.submit(in_step, result, inline=inline, staged=staged)
 
     def _started_nothing_since(self, sequence):
         try:
@@ -328,14 +329,19 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("allreduce", tensors)
             _check_op("allreduce", op)
 
+        staged = Staged(writes=tensors)
+
         def run():
-            for index, tensor in enumerate(tensors):
+            for index, tensor in enumerate(staged.hosts(tensors)):
                 self._allreduce_one(tensor, op, _claim("allreduce", index, tensors, typed=True))
-        return self._submit(run, tensors, inline=_small(tensors))
+        return self._submit(run, tensors, inline=_small(tensors), staged=staged)
 
     def _sparse_allreduce(self, tensors, op):
         """Sparse COO tensors (SUM, as Gloo), exact: composite.sparse_allreduce, one after another."""
         with self._refusing():
+            if any(t.device.type != "cpu" for t in tensors):
+                raise ValueError(f"a sparse allreduce on 'ud' takes CPU tensors, got one on "
+                                 f"{[t.device for t in tensors if t.device.type != 'cpu'][0]}")
             if op != dist.ReduceOp.SUM or not all(t.is_sparse for t in tensors):
                 raise ValueError("a sparse allreduce on 'ud' takes sparse COO tensors only, and ReduceOp.SUM, "
                                  f"got {op} over {[t.layout for t in tensors]}")
@@ -356,12 +362,14 @@ class ProcessGroupUD(dist.ProcessGroup):
         with self._refusing():
             _check_tensors("broadcast", tensors)
 
+        staged = Staged(writes=tensors)
+
         def run():
-            for index, tensor in enumerate(tensors):
+            for index, tensor in enumerate(staged.hosts(tensors)):
                 self.exact_calls += 1
                 exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
                                 collective=_claim("broadcast", index, tensors))
-        return self._submit(run, tensors, inline=_small(tensors))
+        return self._submit(run, tensors, inline=_small(tensors), staged=staged)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
@@ -378,24 +386,29 @@ class ProcessGroupUD(dist.ProcessGroup):
                     raise ValueError(f"{what} on 'ud' needs {self.size()} outputs of {shard.numel()} elements each "
                                      f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
 
+        outputs_kept = [t for outputs in (output_lists if keeps else ()) for t in outputs]
+        staged = Staged(reads=input_tensors, writes=outputs_kept)
+
         def run():
-            for index, shard in enumerate(input_tensors):
+            for index, shard in enumerate(staged.hosts(list(input_tensors))):
                 gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
                 self._gather_one(gathered, shard, _claim(what if root is None else (what, root), index, input_tensors))
-                for rank, output in enumerate(output_lists[index] if keeps else ()):
+                for rank, output in enumerate(staged.hosts(list(output_lists[index])) if keeps else ()):
                     output.copy_(gathered[rank].view(output.shape))
         if result is None:
-            result = [t for outputs in output_lists for t in outputs] if keeps else list(input_tensors)
-        return self._submit(run, result)
+            result = outputs_kept if keeps else list(input_tensors)
+        return self._submit(run, result, staged=staged)
 
     def _allgather_base(self, output, shard, opts=None):
         with self._refusing():
             _check_tensors("all_gather_into_tensor", [output, shard])
             _check_gather_output(output, shard, self.size())
 
+        staged = Staged(reads=[shard], writes=[output])
+
         def run():  # pairs with an all_gather of one input: the same call
-            self._gather_one(output, shard, _claim("all_gather", 0, [shard]))
-        return self._submit(run, output)
+            self._gather_one(staged.host(output), staged.host(shard), _claim("all_gather", 0, [shard]))
+        return self._submit(run, output, staged=staged)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
         with self._refusing():
@@ -403,10 +416,12 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, shard in zip(outputs, shards):
                 _check_gather_output(output, shard, self.size())
 
+        staged = Staged(reads=shards, writes=outputs)
+
         def run():
-            for index, (output, shard) in enumerate(zip(outputs, shards)):
+            for index, (output, shard) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(shards)))):
                 self._gather_one(output, shard, _claim("all_gather", index, shards))
-        return self._submit(run, outputs)
+        return self._submit(run, outputs, staged=staged)
 
     # torch 2.13 calls these for all_gather_into_tensor / reduce_scatter_tensor / their coalesced forms
     all_gather_single = _allgather_base
@@ -433,11 +448,13 @@ class ProcessGroupUD(dist.ProcessGroup):
                     raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
                                      f"of the output ({output.numel()} elements), got {[p.numel() for p in pieces]}")
 
+        staged = Staged(reads=[p for pieces in input_lists for p in pieces], writes=output_tensors)
+
         def run():
-            for index, (output, pieces) in enumerate(zip(output_tensors, input_lists)):
+            for index, (output, pieces) in enumerate(zip(staged.hosts(list(output_tensors)), staged.hosts(list(input_lists)))):
                 self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op,
                                          _claim("reduce_scatter", index, output_tensors, typed=True))
-        return self._submit(run, output_tensors)
+        return self._submit(run, output_tensors, staged=staged)
 
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -446,10 +463,12 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_op("reduce_scatter_tensor", op)
             self._check_reduce_scatter_sizes(output, flat_input)
 
+        staged = Staged(reads=[flat_input], writes=[output])
+
         def run():
-            self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op,
+            self._reduce_scatter_one(staged.host(output), staged.host(flat_input).reshape(-1).contiguous(), op,
                                      _claim("reduce_scatter", 0, [output], typed=True))
-        return self._submit(run, output)
+        return self._submit(run, output, staged=staged)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -461,11 +480,13 @@ class ProcessGroupUD(dist.ProcessGroup):
                 if flat_input.dtype != output.dtype:
                     raise TypeError(f"reduce_scatter_tensor on 'ud': input {flat_input.dtype}, output {output.dtype}")
 
+        staged = Staged(reads=inputs, writes=outputs)
+
         def run():
-            for index, (output, flat_input) in enumerate(zip(outputs, inputs)):
+            for index, (output, flat_input) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(inputs)))):
                 self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op,
                                          _claim("reduce_scatter", index, outputs, typed=True))
-        return self._submit(run, outputs)
+        return self._submit(run, outputs, staged=staged)
 
     def _check_reduce_scatter_sizes(self, output, flat_input):
         if flat_input.numel() != output.numel() * self.size():
@@ -488,12 +509,14 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("reduce", tensors)
             _check_op("reduce", op)
 
+        staged = Staged(writes=tensors)
+
         def run():
-            for index, tensor in enumerate(tensors):
+            for index, tensor in enumerate(staged.hosts(tensors)):
                 self.exact_calls += 1
                 composite.reduce(self.communicator, tensor, op, root, self.config.deadline,
                                  _claim("reduce", index, tensors, typed=True))
-        return self._submit(run, tensors)
+        return self._submit(run, tensors, staged=staged)
 
     def gather(self, output_lists, input_tensors, opts=None):
         return self._gather_into_lists("gather", output_lists, input_tensors, opts.rootRank if opts is not None else 0)
@@ -506,22 +529,27 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, pieces in zip(output_tensors, input_lists if on_root else ()):
                 composite.check_scatter_pieces(pieces, output, self.size())
 
+        staged = Staged(reads=[p for pieces in input_lists for p in pieces] if on_root else [], writes=output_tensors)
+
         def run():
-            for index, output in enumerate(output_tensors):
+            for index, output in enumerate(staged.hosts(list(output_tensors))):
                 self.exact_calls += 1
-                composite.scatter(self.communicator, output, input_lists[index] if on_root else [], root,
-                                  self.config.deadline, _claim("scatter", index, output_tensors))
-        return self._submit(run, output_tensors)
+                composite.scatter(self.communicator, output, staged.hosts(list(input_lists[index])) if on_root else [],
+                                  root, self.config.deadline, _claim("scatter", index, output_tensors))
+        return self._submit(run, output_tensors, staged=staged)
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
         with self._refusing():
             _check_tensors("all_to_all_single", [output, source])
             composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
+        staged = Staged(reads=[source], writes=[output])
+
         def run():
             self.exact_calls += 1
-            composite.all_to_all(self.communicator, output, source, output_splits, input_splits, self.config.deadline)
-        return self._submit(run, output)
+            composite.all_to_all(self.communicator, staged.host(output), staged.host(source), output_splits, input_splits,
+                                 self.config.deadline)
+        return self._submit(run, output, staged=staged)
 
     all_to_all_single = alltoall_base
 
@@ -536,14 +564,16 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
         output_splits, input_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
 
+        staged = Staged(reads=input_tensors, writes=output_tensors)
+
         def run():  # reads the inputs here, in issue order, as every other call does
             self.exact_calls += 1
-            source = torch.cat([t.reshape(-1) for t in input_tensors])
+            source = torch.cat([t.reshape(-1) for t in staged.hosts(list(input_tensors))])
             received = torch.empty(sum(output_splits), dtype=source.dtype)
             composite.all_to_all(self.communicator, received, source, output_splits, input_splits, self.config.deadline)
-            for output, piece in zip(output_tensors, received.split(output_splits)):
+            for output, piece in zip(staged.hosts(list(output_tensors)), received.split(output_splits)):
                 output.copy_(piece.view(output.shape))
-        return self._submit(run, output_tensors)
+        return self._submit(run, output_tensors, staged=staged)
 
     def send(self, tensors, dstRank, tag=0):
         tensor = self._message_tensor("send", tensors, dstRank)
@@ -685,7 +715,7 @@ def _check_tensors(what, tensors):
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} on 'ud' takes torch tensors, got {type(tensor).__name__}")
-        refuse_unsupported_torch(tensor, f"{what} on 'ud'")
+        refuse_unsupported_torch(tensor, f"{what} on 'ud'", staged=True)
 
 
 def _check_op(what, op):
@@ -702,7 +732,8 @@ def _create(backend_options, pg_options):
 
 
 def register():
-    """Make backend="ud" known to torch.distributed, for CPU tensors.
+    """Make backend="ud" known to torch.distributed, for CPU and CUDA tensors (CUDA ones are
+    staged through pinned host memory: ud_transport.staging).
 
     Importing ud_transport.torch already does it; safe to call again.
 
@@ -713,4 +744,4 @@ def register():
     >>> torch.distributed.init_process_group("ud")     # under torchrun  # doctest: +SKIP
     """
     if "UD" not in dist.Backend._plugins:
-        dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend("ud", _create, extended_api=True, devices=["cpu", "cuda"])

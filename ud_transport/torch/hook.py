@@ -14,6 +14,7 @@ backward, where every rank takes the same branch (misses are judged on the
 fractions all ranks agreed on; errors are agreed verdicts too)."""
 from ..errors import LossBudgetExceeded, TransportError
 from ..options import check_copies
+from ..staging import Staged
 from . import policy
 from ._common import communicator_of, worker_of
 
@@ -158,7 +159,8 @@ def lossy_allreduce_hook(state, bucket):
     >>> model.register_comm_hook(LossyHookState(comm), lossy_allreduce_hook)  # doctest: +SKIP
     """
     buffer = bucket.buffer()
-    work = state._worker.submit(lambda: state._allreduce(buffer), buffer)
+    staged = Staged(writes=[buffer])  # a CUDA bucket: its host twin is copied here, after backward's kernels
+    work = state._worker.submit(lambda: state._allreduce(staged.host(buffer)), buffer, staged=staged)
     state._pending = [w for w in state._pending if not w.is_completed()]  # bounded even if step() is never called
     state._pending.append(work)
     return work.get_future()

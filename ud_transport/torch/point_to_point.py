@@ -36,7 +36,8 @@ import torch.distributed as dist
 from .. import exact
 from ..communicator import Communicator
 from ..errors import TransportError
-from ._worker import SerialWorker, Work
+from ..staging import Staged
+from ._worker import SerialWorker, Work, through_host
 
 log = logging.getLogger("ud_transport")
 
@@ -88,10 +89,11 @@ class Channel:
         self.communicator = None
         self._worker = SerialWorker(name)
 
-    def submit(self, message, tensor, finished=None):
+    def submit(self, message, tensor, finished=None, staged=None):
         """Queue message(communicator); returns the Work, whose result is [tensor]. `finished`,
         if given, is called on the channel's thread with the message's error or None when it ends
-        (an any-source receive's own Work ends there)."""
+        (an any-source receive's own Work ends there), after a CUDA tensor's copy back is queued
+        (`staged`: ud_transport.staging.Staged)."""
         def run():
             if self._failed is not None:  # its rendezvous keys are spent: a second try would read them
                 raise self._failed
@@ -105,14 +107,18 @@ class Channel:
                     self.communicator.interrupt()
             message(self.communicator)
 
+        if finished is None:
+            return self._worker.submit(run, [tensor], staged=staged)
+        through = through_host(run, staged) if staged else run
+
         def run_and_report():
             try:
-                run()
+                through()
             except BaseException as error:
                 finished(error)
                 raise
             finished(None)
-        return self._worker.submit(run if finished is None else run_and_report, [tensor])
+        return self._worker.submit(run_and_report, [tensor])
 
     def interrupt(self):
         """End the message in progress and every queued one (TransportError), a channel still
@@ -133,8 +139,8 @@ class SourcedWork(Work):
     """An any-source receive's Work: `_source_rank()` is the rank whose message it took (in the
     group; dist.recv maps it to a global rank), -1 until one is chosen or where none was."""
 
-    def __init__(self, result):
-        super().__init__(result)
+    def __init__(self, result, staged=None):
+        super().__init__(result, staged)
         self.source = -1
 
     def _source_rank(self):
@@ -249,7 +255,7 @@ class Channels:
     def send(self, tensor, destination, tag):
         """Queue tensor's bytes to `destination`; the Work completes when it holds them."""
         with self._lock:
-            work = self._message_locked(tensor, (self._rank, destination, tag))
+            work = self._message_locked(tensor, (self._rank, destination, tag), staged=Staged(reads=[tensor]))
             # counted in the store after it is queued (the count is all a receive from any source reads)
             if self._announcer is None:
                 self._announcer = _Announcer(self._store, self._rank, self._sent_key, self._doorbell_key)
@@ -261,7 +267,7 @@ class Channels:
         place; on failure tensor keeps its values). It claims that message now: a receive from
         any source posted before it takes another."""
         with self._lock:
-            work = self._message_locked(tensor, (source, self._rank, tag))
+            work = self._message_locked(tensor, (source, self._rank, tag), staged=Staged(writes=[tensor]))
             self._claimed[(source, tag)] += 1  # in the order queued on the channel: the claim is that message
         return work
 
@@ -269,7 +275,8 @@ class Channels:
         """Queue the receipt of the next message under `tag` from any other rank of the
         `world_size` into `tensor`: the first message no receive has claimed (any-source receives
         take them in the order they were posted). The Work's `_source_rank()` names its sender."""
-        work = SourcedWork([tensor])
+        staged = Staged(writes=[tensor])
+        work = SourcedWork([tensor], staged)
         with self._lock:
             if self._closed:
                 raise TransportError("this 'ud' group is shut down (destroy_process_group): no message goes on it")
@@ -280,7 +287,7 @@ class Channels:
 
             def take():
                 try:
-                    self._take_any(inbox, tensor, tag, senders, work)
+                    self._take_any(inbox, tensor, tag, senders, work, staged)
                 except BaseException as error:  # nothing claimed: the Work says why
                     work._finish(error)
             inbox.submit(take)
@@ -294,7 +301,7 @@ class Channels:
     def _doorbell_key(self, receiver, tag):
         return f"p2p/{self._incarnation:x}/doorbell/{receiver}/{tag}"
 
-    def _take_any(self, inbox, tensor, tag, senders, work):
+    def _take_any(self, inbox, tensor, tag, senders, work, staged):
         """Wait until some sender has a message under `tag` that no receive has claimed, claim it
         for `work` and queue the receipt on its channel (`work` ends with it)."""
         store, doorbell = inbox.store, self._doorbell_key(self._rank, tag)
@@ -319,7 +326,7 @@ class Channels:
                         work.source = sender  # before the channel can end the Work
                         try:
                             self._message_locked(tensor, (sender, self._rank, tag), internal=True,
-                                                 finished=work._finish)
+                                                 finished=work._finish, staged=staged)
                         except BaseException:
                             work.source = -1
                             raise
@@ -338,14 +345,14 @@ class Channels:
             else:
                 time.sleep(min(MEETING_POLL_S, left))
 
-    def _message_locked(self, tensor, key, internal=False, finished=None):
+    def _message_locked(self, tensor, key, internal=False, finished=None, staged=None):
         """Both ends make the same call: a broadcast from the channel's sender."""
         def move(comm):
-            stats = exact.broadcast(comm, tensor, SENDER, deadline=self._deadline)
+            stats = exact.broadcast(comm, staged.host(tensor) if staged else tensor, SENDER, deadline=self._deadline)
             with self._lock:
                 self.calls += len(stats)
                 self.injected_drops += sum(s.injected_drops for s in stats)
-        return self._channel_locked(*key, internal=internal).submit(move, tensor, finished)
+        return self._channel_locked(*key, internal=internal).submit(move, tensor, finished, staged)
 
     def _channel_locked(self, sender, receiver, tag, internal=False):
         """The channel, opened if new. `internal`: for an any-source receive queued before the group

@@ -122,8 +122,12 @@ class LossTolerantOptimizer:
         dtypes = {p.dtype for p in self._params}
         if len(dtypes) != 1 or next(iter(dtypes)) not in FLOAT_DTYPES:
             raise TypeError(f"LossTolerantOptimizer needs parameters of one floating dtype, got {sorted(map(str, dtypes))}")
-        if any(p.device.type != "cpu" for p in self._params):
-            raise ValueError("LossTolerantOptimizer takes CPU parameters (copy to the host around it on GPUs)")
+        devices = {p.device for p in self._params}
+        if len(devices) > 1:
+            raise ValueError(f"LossTolerantOptimizer needs its parameters on one device, got {sorted(map(str, devices))}")
+        if devices and next(iter(devices)).type != "cpu" and (error_feedback or stale_fill != "keep"):
+            raise ValueError("error_feedback and stale_fill='extrapolate' take CPU parameters (their chunk masks are "
+                             f"host arrays), got parameters on {next(iter(devices))}")
         self.dtype = next(iter(dtypes))
         self._optimizer_class = type(optimizer)
         self._error_feedback, self._stale_fill = error_feedback, stale_fill
@@ -331,7 +335,7 @@ class LossTolerantOptimizer:
         self.budgets.append(budget)
         self.counters.steps += 1
         start, stop = self.shard
-        shard_grad = torch.zeros(stop - start, dtype=self.dtype)
+        shard_grad = torch.zeros(stop - start, dtype=self.dtype, device=self._flat.device)
         if budget == 0.0:  # a protected step: both halves exact
             self.counters.exact_steps += 1
             exact.allreduce(comm, grads, "mean", deadline=self.deadline)
@@ -394,7 +398,7 @@ class LossTolerantOptimizer:
     def owner_values(self):
         """This rank's shard as the owner holds it (for exact re-alignment)."""
         start, stop = self.shard
-        own = torch.empty(stop - start, dtype=self.dtype)
+        own = torch.empty(stop - start, dtype=self.dtype, device=self._flat.device)
         for piece, low, high, _ in self._pieces:
             own[low:high] = piece.detach()
         return own

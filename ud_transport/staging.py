@@ -1,0 +1,247 @@
+"""Device (CUDA) tensors on a host engine: each call's device tensors get pinned host twins.
+
+The engine reads and writes host memory only. A call on a CUDA tensor therefore runs on a pinned
+host twin of it, with the stream rules c10d's own host-staged backends follow (ProcessGroupGloo's
+CUDA work):
+
+1. On the caller's thread, when the call is made: an event is recorded on the caller's current
+   stream, a side stream waits on it, and the device-to-host copies are queued there
+   (non-blocking). A tensor a kernel has just been queued to write is read after that kernel,
+   and the copy runs as soon as it can: while an earlier call is still on the wire, for the
+   c10d backend's queued calls.
+2. Where the call runs (the caller's thread, or a group's worker): the host waits for the copies
+   to land, then the engine works on the twins.
+3. On success only, the twins of the tensors the call writes are queued back host-to-device on
+   the side stream, and an event is recorded after them. The caller's current stream waits on
+   that event (``caller_waits``, what c10d's ``Work.wait()`` does): no host synchronisation.
+   On any error nothing is copied back, so the device tensor keeps its values.
+
+Memory: a twin lives from the call's start until its copy back is queued; it comes from torch's
+caching host allocator, which keeps freed pinned blocks for reuse and hands a block out again
+only after the copies queued on it have run. So pinned memory peaks at the bytes of the calls in
+flight at once (for DDP: its gradient buckets) and is reused from then on.
+
+The copies of one call are whole, not segmented with the wire: the engine takes a call's memory
+at its start. At the sizes and rates measured (docs/gpu.md) a copy over PCIe takes a few percent
+of the call on the wire; across calls the copies overlap the wire (step 1).
+
+``DEVICE`` holds the device operations; tests on a machine without CUDA put a host stand-in
+there to check the order of the steps (tests/test_staging.py)."""
+import functools
+import inspect
+import sys
+import threading
+
+ON_DEVICE_TYPES = ("cuda",)
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def on_device(tensor):
+    """True for a torch tensor in device memory this module stages (CUDA)."""
+    torch = _torch()
+    return torch is not None and isinstance(tensor, torch.Tensor) and DEVICE.owns(tensor)
+
+
+def any_on_device(tensors):
+    return any(on_device(t) for t in tensors)
+
+
+class CudaDevice:
+    """CUDA through torch: one side stream per device, made on first use, shared by the calls of
+    the process (their copies stay in the order the calls were made)."""
+
+    def __init__(self):
+        self._side_streams = {}
+        self._lock = threading.Lock()
+
+    def owns(self, tensor):
+        return tensor.device.type in ON_DEVICE_TYPES
+
+    def check(self, tensor):
+        """Raises ValueError where this process cannot serve `tensor`'s device."""
+        torch = _torch()
+        if not torch.cuda.is_available():
+            raise ValueError(f"a tensor on {tensor.device}, but this torch build or machine has no CUDA")
+
+    def side_stream(self, device):
+        torch = _torch()
+        with self._lock:
+            stream = self._side_streams.get(device)
+            if stream is None:
+                stream = self._side_streams[device] = torch.cuda.Stream(device=device)
+            return stream
+
+    def caller_mark(self, device):
+        """An event recorded now on the caller's current stream of `device`."""
+        torch = _torch()
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def record(self, stream):
+        torch = _torch()
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def stream_waits(self, stream, event):
+        stream.wait_event(event)
+
+    def caller_waits(self, device, event):
+        _torch().cuda.current_stream(device).wait_event(event)
+
+    def host_waits(self, event):
+        event.synchronize()
+
+    def pinned_like(self, tensor):
+        torch = _torch()
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+
+    def copy(self, destination, source, stream):
+        torch = _torch()
+        with torch.cuda.stream(stream), torch.no_grad():
+            destination.copy_(source, non_blocking=True)
+
+    def streams_of(self, stream):
+        """A context in which `stream` is the current one (a CUDA-aware Future records its
+        events on the current streams)."""
+        return _torch().cuda.stream(stream)
+
+
+DEVICE = CudaDevice()
+
+
+class Staged:
+    """The device tensors of one call and their pinned host twins.
+
+    Made on the caller's thread (the copies to the host are queued after what the caller's
+    stream has queued so far). ``host(t)`` is the tensor the engine works on in place of `t`.
+
+    Parameters
+    ----------
+    reads : sequence of tensors
+        Tensors the call only reads.
+    writes : sequence of tensors
+        Tensors the call writes; their old values are staged too (a lost chunk keeps them).
+
+    Raises
+    ------
+    ValueError
+        Device tensors on more than one device, or a device this process cannot serve.
+    """
+
+    def __init__(self, reads=(), writes=()):
+        self._device = DEVICE
+        self.twins = {}        # id(original) -> twin
+        self._written = []     # (original, twin), in order
+        self.device = None
+        self.done = None       # the event after the copies back (None: nothing copied back yet)
+        self._landed = None
+        device_tensors = [t for t in list(reads) + list(writes) if on_device(t)]
+        if not device_tensors:
+            return
+        devices = {t.device for t in device_tensors}
+        if len(devices) > 1:
+            raise ValueError(f"one call's tensors must share a device, got {sorted(map(str, devices))}")
+        self.device = devices.pop()
+        self._device.check(device_tensors[0])
+        self.stream = self._device.side_stream(self.device)
+        self._device.stream_waits(self.stream, self._device.caller_mark(self.device))
+        written_ids = {id(t) for t in writes}
+        for tensor in device_tensors:
+            if id(tensor) in self.twins:
+                continue
+            twin = self._device.pinned_like(tensor)
+            self._device.copy(twin, tensor, self.stream)
+            self.twins[id(tensor)] = twin
+            if id(tensor) in written_ids:
+                self._written.append((tensor, twin))
+        self._landed = self._device.record(self.stream)
+
+    def __bool__(self):
+        return self.device is not None
+
+    def host(self, tensor):
+        """The twin of a staged tensor, else `tensor` itself."""
+        return self.twins.get(id(tensor), tensor)
+
+    def hosts(self, nested):
+        """`nested` (a tensor, or lists/tuples of them, nested) with every staged tensor replaced
+        by its twin."""
+        if isinstance(nested, (list, tuple)):
+            return type(nested)(self.hosts(item) for item in nested)
+        return self.host(nested)
+
+    def landed(self):
+        """Wait on the host until the copies to the host have run."""
+        if self._landed is not None:
+            self._device.host_waits(self._landed)
+            self._landed = None
+
+    def write_back(self):
+        """Queue the copies back of the written twins, then an event after them (``done``). The
+        twins are let go: the allocator reuses them once the copies have run."""
+        if not self:
+            return
+        for original, twin in self._written:
+            self._device.copy(original, twin, self.stream)
+        self.done = self._device.record(self.stream)
+        self.release()
+
+    def release(self):
+        """Let the twins go without copying anything back (the call failed)."""
+        self.twins = {}
+        self._written = []
+
+    def caller_waits(self):
+        """The current stream of the calling thread waits for the copies back."""
+        if self.done is not None:
+            self._device.caller_waits(self.device, self.done)
+
+    def on_side_stream(self):
+        """A context in which the side stream is current (see CudaDevice.streams_of)."""
+        return self._device.streams_of(self.stream)
+
+
+def run_on_host(call, reads=(), writes=()):
+    """call(), made on host twins of the device tensors among `reads` and `writes`: ``call``
+    takes the Staged and finds its tensors with ``staged.host(t)``. Synchronous, for the
+    caller's own thread: the caller's stream waits for the results; on an error nothing is
+    written back and the error is raised."""
+    staged = Staged(reads, writes)
+    staged.landed()
+    try:
+        result = call(staged)
+    except BaseException:
+        staged.release()
+        raise
+    staged.write_back()
+    staged.caller_waits()
+    return result
+
+
+def stages(reads=(), writes=()):
+    """A decorator: the function's arguments named in `reads` and `writes` may be device tensors,
+    each staged through a host twin (run_on_host) before the function runs on host memory."""
+    def wrap(function):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def staged_call(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            arguments = bound.arguments
+            if not any_on_device(arguments.get(name) for name in reads + writes):
+                return function(*args, **kwargs)
+
+            def on_host(staged):
+                for name in reads + writes:
+                    if name in arguments:
+                        arguments[name] = staged.host(arguments[name])
+                return function(*bound.args, **bound.kwargs)
+            return run_on_host(on_host, [arguments[n] for n in reads if n in arguments],
+                               [arguments[n] for n in writes if n in arguments])
+        return staged_call
+    return wrap
