@@ -13,9 +13,12 @@
 # time limit, so a hang in one still leaves the others' logs.
 set -uo pipefail
 cd "$(dirname "$(realpath "$0")")/.."
+# UD_GPU_TESTS: pytest's arguments (default: both test files); the script's own arguments go to the benchmark
+tests=(${UD_GPU_TESTS:-tests/test_cuda.py tests/test_staging.py})
+bench_arguments=("$@")
 out=${OUT:-/tmp/device_gpu_check}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 UD_STRIPES=${UD_STRIPES:-1}
+export PYTHONUNBUFFERED=1
 
 {
     echo "commit ${UD_COMMIT:-unknown}, $(date -u +%FT%TZ), $(nproc) cores, kernel $(uname -r), $(python3 -V)"
@@ -31,13 +34,13 @@ export PYTHONUNBUFFERED=1 UD_STRIPES=${UD_STRIPES:-1}
 start=$(date +%s)
 per_test=()
 python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 200)
-timeout 330 python3 -m pytest -q -p no:cacheprovider -rs "${per_test[@]}" \
-    tests/test_cuda.py tests/test_staging.py 2>&1 | tee "$out/tests.log"
+UD_STRIPES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider -rs "${per_test[@]}" \
+    "${tests[@]}" 2>&1 | tee "$out/tests.log"
 tests_status=${PIPESTATUS[0]}
 echo "tests: exit $tests_status in $(( $(date +%s) - start )) s" | tee -a "$out/gpu_check.log"
 
 start=$(date +%s)
-timeout 200 python3 scripts/bench_cuda.py --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.log"
+timeout 200 python3 scripts/bench_cuda.py --json "$out/bench.json" "${bench_arguments[@]}" 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
 echo "bench: exit $bench_status in $(( $(date +%s) - start )) s" | tee -a "$out/gpu_check.log"
 exit $(( tests_status || bench_status ))

@@ -206,22 +206,22 @@ def ddp_ways(comm, tag):
     return results
 
 
-def fsdp2_steps(comm, tag, backend, steps=5):
-    """A two-layer CUDA model under FSDP2 on a default group of `backend`; the full parameters on
-    the host after a few SGD steps."""
+def fsdp2_steps(comm, tag, backend, device=DEVICE, steps=5):
+    """A two-layer model on `device` under FSDP2 on a default group of `backend`; the full
+    parameters on the host after a few SGD steps."""
     from torch.distributed.fsdp import fully_shard
 
     torch.cuda.set_device(0)
     dist.init_process_group(backend, store=dist.PrefixStore(f"cuda-fsdp-{tag}-{backend}", comm.store), rank=comm.rank,
                             world_size=comm.world_size)
     try:
-        model = small_model(seed=0).to(DEVICE)
+        model = small_model(seed=0).to(device)
         for layer in (model[0], model[2]):
             fully_shard(layer)
         fully_shard(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         for x, y in batches(comm.rank, steps):
-            torch.nn.functional.mse_loss(model(x.to(DEVICE)), y.to(DEVICE)).backward()
+            torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
             optimizer.step()
             optimizer.zero_grad()
         return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()]).cpu()

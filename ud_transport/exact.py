@@ -120,6 +120,11 @@ def _salt(*claim):
     return zlib.crc32(repr(claim).encode()) or 1
 
 
+def _staging_in_step(arguments):
+    """A call whose tensors cannot be staged (on two devices) is refused in step too."""
+    return _refused_in_step(arguments["comm"], arguments.get("deadline"))
+
+
 @contextlib.contextmanager
 def _refused_in_step(comm, deadline):
     """Around the argument checks made before an exact call's first engine call: a refused one
@@ -355,7 +360,7 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     return stats
 
 
-@staging.stages(reads=("shard",), writes=("output",))
+@staging.stages(reads=("shard",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather"):
     """Gather every rank's shard (any dtype, the same size everywhere) into
@@ -389,7 +394,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
     return stats
 
 
-@staging.stages(reads=("tensor",), writes=("output",))
+@staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all"):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block

@@ -27,6 +27,7 @@ of the call on the wire; across calls the copies overlap the wire (step 1).
 
 ``DEVICE`` holds the device operations; tests on a machine without CUDA put a host stand-in
 there to check the order of the steps (tests/test_staging.py)."""
+import contextlib
 import functools
 import inspect
 import sys
@@ -140,7 +141,8 @@ class Staged:
         self.device = None
         self.done = None       # the event after the copies back (None: nothing copied back yet)
         self._landed = None
-        device_tensors = [t for t in list(reads) + list(writes) if on_device(t)]
+        reads, writes = list(reads), list(writes)
+        device_tensors = [t for t in reads + writes if on_device(t)]
         if not device_tensors:
             return
         devices = {t.device for t in device_tensors}
@@ -211,7 +213,11 @@ def run_on_host(call, reads=(), writes=()):
     takes the Staged and finds its tensors with ``staged.host(t)``. Synchronous, for the
     caller's own thread: the caller's stream waits for the results; on an error nothing is
     written back and the error is raised."""
-    staged = Staged(reads, writes)
+    return run_staged(call, Staged(reads, writes))
+
+
+def run_staged(call, staged):
+    """run_on_host's steps for a Staged already made."""
     staged.landed()
     try:
         result = call(staged)
@@ -223,9 +229,11 @@ def run_on_host(call, reads=(), writes=()):
     return result
 
 
-def stages(reads=(), writes=()):
+def stages(reads=(), writes=(), refusing=None):
     """A decorator: the function's arguments named in `reads` and `writes` may be device tensors,
-    each staged through a host twin (run_on_host) before the function runs on host memory."""
+    each staged through a host twin (run_on_host) before the function runs on host memory.
+    refusing(arguments): a context manager around the staging (the exact layer keeps a refused
+    call in step with the other ranks this way)."""
     def wrap(function):
         signature = inspect.signature(function)
 
@@ -241,7 +249,9 @@ def stages(reads=(), writes=()):
                     if name in arguments:
                         arguments[name] = staged.host(arguments[name])
                 return function(*bound.args, **bound.kwargs)
-            return run_on_host(on_host, [arguments[n] for n in reads if n in arguments],
-                               [arguments[n] for n in writes if n in arguments])
+            with refusing(arguments) if refusing is not None else contextlib.nullcontext():
+                staged = Staged([arguments[n] for n in reads if n in arguments],
+                                [arguments[n] for n in writes if n in arguments])
+            return run_staged(on_host, staged)
         return staged_call
     return wrap

@@ -313,6 +313,12 @@ class ProcessGroupUD(dist.ProcessGroup):
                 pass
             raise
 
+    def _staged(self, reads=(), writes=()):
+        """The call's CUDA tensors staged (ud_transport.staging.Staged), made on the caller's
+        thread; a refusal (tensors on two devices) is in step as _refusing's are."""
+        with self._refusing():
+            return Staged(reads, writes)
+
     def _gather_one(self, output_flat, shard, claim):
         self.exact_calls += 1
         exact.all_gather(self.communicator, shard.contiguous(), output_flat, deadline=self.config.deadline,
@@ -329,7 +335,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("allreduce", tensors)
             _check_op("allreduce", op)
 
-        staged = Staged(writes=tensors)
+        staged = self._staged(writes=tensors)
 
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
@@ -362,7 +368,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         with self._refusing():
             _check_tensors("broadcast", tensors)
 
-        staged = Staged(writes=tensors)
+        staged = self._staged(writes=tensors)
 
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
@@ -387,7 +393,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                                      f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
 
         outputs_kept = [t for outputs in (output_lists if keeps else ()) for t in outputs]
-        staged = Staged(reads=input_tensors, writes=outputs_kept)
+        staged = self._staged(reads=input_tensors, writes=outputs_kept)
 
         def run():
             for index, shard in enumerate(staged.hosts(list(input_tensors))):
@@ -404,7 +410,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("all_gather_into_tensor", [output, shard])
             _check_gather_output(output, shard, self.size())
 
-        staged = Staged(reads=[shard], writes=[output])
+        staged = self._staged(reads=[shard], writes=[output])
 
         def run():  # pairs with an all_gather of one input: the same call
             self._gather_one(staged.host(output), staged.host(shard), _claim("all_gather", 0, [shard]))
@@ -416,7 +422,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, shard in zip(outputs, shards):
                 _check_gather_output(output, shard, self.size())
 
-        staged = Staged(reads=shards, writes=outputs)
+        staged = self._staged(reads=shards, writes=outputs)
 
         def run():
             for index, (output, shard) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(shards)))):
@@ -448,7 +454,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                     raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
                                      f"of the output ({output.numel()} elements), got {[p.numel() for p in pieces]}")
 
-        staged = Staged(reads=[p for pieces in input_lists for p in pieces], writes=output_tensors)
+        staged = self._staged(reads=[p for pieces in input_lists for p in pieces], writes=output_tensors)
 
         def run():
             for index, (output, pieces) in enumerate(zip(staged.hosts(list(output_tensors)), staged.hosts(list(input_lists)))):
@@ -463,7 +469,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_op("reduce_scatter_tensor", op)
             self._check_reduce_scatter_sizes(output, flat_input)
 
-        staged = Staged(reads=[flat_input], writes=[output])
+        staged = self._staged(reads=[flat_input], writes=[output])
 
         def run():
             self._reduce_scatter_one(staged.host(output), staged.host(flat_input).reshape(-1).contiguous(), op,
@@ -480,7 +486,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 if flat_input.dtype != output.dtype:
                     raise TypeError(f"reduce_scatter_tensor on 'ud': input {flat_input.dtype}, output {output.dtype}")
 
-        staged = Staged(reads=inputs, writes=outputs)
+        staged = self._staged(reads=inputs, writes=outputs)
 
         def run():
             for index, (output, flat_input) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(inputs)))):
@@ -509,7 +515,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("reduce", tensors)
             _check_op("reduce", op)
 
-        staged = Staged(writes=tensors)
+        staged = self._staged(writes=tensors)
 
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
@@ -529,7 +535,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, pieces in zip(output_tensors, input_lists if on_root else ()):
                 composite.check_scatter_pieces(pieces, output, self.size())
 
-        staged = Staged(reads=[p for pieces in input_lists for p in pieces] if on_root else [], writes=output_tensors)
+        staged = self._staged(reads=[p for pieces in input_lists for p in pieces] if on_root else [], writes=output_tensors)
 
         def run():
             for index, output in enumerate(staged.hosts(list(output_tensors))):
@@ -543,7 +549,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("all_to_all_single", [output, source])
             composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
-        staged = Staged(reads=[source], writes=[output])
+        staged = self._staged(reads=[source], writes=[output])
 
         def run():
             self.exact_calls += 1
@@ -564,7 +570,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
         output_splits, input_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
 
-        staged = Staged(reads=input_tensors, writes=output_tensors)
+        staged = self._staged(reads=input_tensors, writes=output_tensors)
 
         def run():  # reads the inputs here, in issue order, as every other call does
             self.exact_calls += 1
