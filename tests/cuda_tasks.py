@@ -209,16 +209,20 @@ def ddp_ways(comm, tag):
 def fsdp2_steps(comm, tag, backend, device=DEVICE, steps=5):
     """A two-layer model on `device` under FSDP2 on a default group of `backend`; the full
     parameters on the host after a few SGD steps."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.cuda.set_device(0)
+    if torch.cuda.is_available():  # (the CPU reference runs on machines without one too)
+        torch.cuda.set_device(0)
     dist.init_process_group(backend, store=dist.PrefixStore(f"cuda-fsdp-{tag}-{backend}", comm.store), rank=comm.rank,
                             world_size=comm.world_size)
     try:
         model = small_model(seed=0).to(device)
+        # named: without a mesh FSDP2 takes the machine's accelerator, and moves a CPU model there
+        mesh = init_device_mesh(torch.device(device).type, (comm.world_size,))
         for layer in (model[0], model[2]):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         for x, y in batches(comm.rank, steps):
             torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
