@@ -414,6 +414,10 @@ PRINTS = {"allreduce": print_allreduce, "ddp": print_ddp, "copies": print_copies
 
 
 def commit():
+    """UD_COMMIT where the caller names it (the lent machine's copy of the tree carries a stale
+    .git: the runs of 2026-11-28 printed the session's first commit there), else git's."""
+    if os.environ.get("UD_COMMIT"):
+        return os.environ["UD_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip() or "unknown"
@@ -423,6 +427,8 @@ def commit():
 
 def worktree_changed():
     """True where tracked files differ from the commit (the figures are then not the commit's); None if unknown."""
+    if os.environ.get("UD_COMMIT"):
+        return None  # the stale .git there cannot tell
     try:
         return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                                    text=True, timeout=10, check=True).stdout.strip())
