@@ -111,6 +111,9 @@ class HostStandInDevice:
     def host_waits(self, event):
         self.log.append(("host waits", event.label))
 
+    def used_on(self, tensor, stream):
+        self.log.append(("used on", self.name(tensor), stream.name))
+
     def pinned_like(self, tensor):
         twin = torch.empty(tensor.shape, dtype=tensor.dtype)
         with self._lock:
@@ -240,6 +243,9 @@ def test_only_written_tensors_are_copied_back_and_a_repeated_tensor_has_one_twin
     staged = staging.Staged(reads=[both, read, on_host], writes=[written, both])
     assert len(staged.twins) == 3
     assert [e[1] for e in device.entries("pin")] == ["both", "read", "written"]
+    # each original is marked used on the side stream (record_stream): a caller that drops it
+    # before the copies ran must not see its memory handed to another tensor meanwhile
+    assert [(e[1], e[2]) for e in device.entries("used on")] == [("both", "side"), ("read", "side"), ("written", "side")]
     assert staged.host(on_host) is on_host
     nested = staged.hosts([both, (read, [both, on_host])])
     assert nested[0] is nested[1][1][0] is staged.host(both) and nested[1][1][1] is on_host

@@ -97,6 +97,11 @@ class CudaDevice:
     def host_waits(self, event):
         event.synchronize()
 
+    def used_on(self, tensor, stream):
+        """The caching allocator must not hand `tensor`'s block out again before the side stream's
+        copies of it have run (a caller that drops the tensor and its Work without waiting)."""
+        tensor.record_stream(stream)
+
     def pinned_like(self, tensor):
         torch = _torch()
         return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -158,6 +163,7 @@ class Staged:
                 continue
             twin = self._device.pinned_like(tensor)
             self._device.copy(twin, tensor, self.stream)
+            self._device.used_on(tensor, self.stream)
             self.twins[id(tensor)] = twin
             if id(tensor) in written_ids:
                 self._written.append((tensor, twin))

@@ -12,6 +12,8 @@ The hook never raises inside backward (that would leave DDP broken): a
 budget miss or an error is recorded and acted on in state.step(), after
 backward, where every rank takes the same branch (misses are judged on the
 fractions all ranks agreed on; errors are agreed verdicts too)."""
+import torch
+
 from ..errors import LossBudgetExceeded, TransportError
 from ..options import check_copies
 from ..staging import Staged
@@ -159,7 +161,13 @@ def lossy_allreduce_hook(state, bucket):
     >>> model.register_comm_hook(LossyHookState(comm), lossy_allreduce_hook)  # doctest: +SKIP
     """
     buffer = bucket.buffer()
-    staged = Staged(writes=[buffer])  # a CUDA bucket: its host twin is copied here, after backward's kernels
+    try:
+        staged = Staged(writes=[buffer])  # a CUDA bucket: its host twin is copied here, after backward's kernels
+    except BaseException as error:  # (pinned memory exhausted, ...): never raised inside backward
+        state._error = state._error or TransportError(f"lossy_allreduce_hook could not stage the bucket: {error!r}")
+        unchanged = torch.futures.Future()
+        unchanged.set_result(buffer)
+        return unchanged
     work = state._worker.submit(lambda: state._allreduce(staged.host(buffer)), buffer, staged=staged)
     state._pending = [w for w in state._pending if not w.is_completed()]  # bounded even if step() is never called
     state._pending.append(work)

@@ -44,8 +44,10 @@ def gather_records(comm, record, deadline):
     everyone = torch.empty(comm.world_size * longest, dtype=torch.uint8)
     exact.all_gather(comm, mine, everyone, deadline=deadline, collective="reshard records")
     rows = everyone.view(comm.world_size, longest)
-    return [torch.load(io.BytesIO(rows[rank, :int(lengths[rank])].numpy().tobytes()), weights_only=True)
-            for rank in range(comm.world_size)]
+    # on the host: a rank's record holds tensors of the device it saved them on (cuda:r on rank r),
+    # which this rank may not have; _shard_optimizer moves the state to its parameters' device
+    return [torch.load(io.BytesIO(rows[rank, :int(lengths[rank])].numpy().tobytes()), weights_only=True,
+                       map_location="cpu") for rank in range(comm.world_size)]
 
 
 def owners_values(records, flat):

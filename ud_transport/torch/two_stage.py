@@ -244,8 +244,9 @@ class LossTolerantOptimizer:
             return None, []
         inner = self._optimizer_class(groups)
         for piece, (param, _, _, _) in zip(pieces, params):
-            if piece.state is not None:
-                inner.state[param] = dict(piece.state)
+            if piece.state is not None:  # per-element state to the parameter's device; a step count stays where it was
+                inner.state[param] = {name: value.to(param.device) if torch.is_tensor(value) and value.dim() else value
+                                      for name, value in piece.state.items()}
         return inner, params
 
     def _attach_repairs(self, comm):
