@@ -247,3 +247,19 @@ def error_keeps_values(comm, tag):
         name = type(error).__name__
     torch.cuda.synchronize()
     return name, before, t.cpu()
+
+
+def back_to_back(comm, tag):
+    """Two async all_reduces of one CUDA tensor queued at once, a broadcast of it behind them,
+    then the waits: the second reads the first's result and the broadcast the second's (as on
+    NCCL's one stream). Returns the tensor on the host."""
+    torch.cuda.set_device(0)
+    with gloo_world(comm, f"cuda-back-to-back-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(lossy=()))
+        t = torch.full((1 << 18,), comm.rank + 1.0, device=DEVICE)
+        works = [dist.all_reduce(t, group=group, async_op=True), dist.all_reduce(t, group=group, async_op=True),
+                 dist.broadcast(t, src=comm.world_size - 1, group=group, async_op=True)]
+        for work in works:
+            work.wait()
+        torch.cuda.synchronize()
+        return t.cpu()

@@ -62,6 +62,16 @@ def test_an_input_written_on_another_stream_is_read_after_the_kernel_and_wait_or
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_calls_queued_on_one_tensor_read_each_others_results(world):
+    """Two async all_reduces of one CUDA tensor and a broadcast queued before any wait: the
+    result is world x the sum, as if each call waited for the one before (a copy to the host
+    queued at once, before the first call's copy back, read the old values)."""
+    total = world * sum(range(1, world + 1))
+    for result in get_cluster(world).run(cuda_tasks.back_to_back, tag(), timeout_s=300):
+        assert torch.equal(result, torch.full((1 << 18,), float(total)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_ddp_the_hook_and_the_two_stage_step_on_cuda_models_equal_ddp_on_gloo(world):
     """20 AdamW steps of a CUDA model from each rank's own init: DDP over "ud", the lossy hook at
     budget 0 and the two-stage step reach DDP-over-Gloo's parameters within 1e-5, on every rank."""

@@ -365,6 +365,62 @@ def test_a_staged_work_makes_the_callers_stream_wait_after_the_copies_back(devic
         worker.close()
 
 
+def test_a_call_on_memory_an_earlier_pending_call_writes_reads_that_calls_result(device, plain_future):
+    """Two calls queued on one worker (the second submitted while the first still runs): where
+    the first writes the tensor the second reads, the second's copy to the host is queued after
+    the first's copy back (it reads the first's result, as a second all_reduce on NCCL's stream
+    does); on another tensor it is queued at once, overlapping the first (prefetch). Removing the
+    conflict check makes the first case read the old values."""
+    shared = device.device_tensor(torch.ones(2), "shared")
+    other = device.device_tensor(torch.ones(2), "other")
+    worker = SerialWorker("test-staging-order")
+    try:
+        for second_tensor, name in ((shared, "shared"), (other, "other")):
+            device.log.clear()
+            release = threading.Event()
+            first = staging.Staged(writes=[shared])
+
+            def run_first(first=first):
+                release.wait(10)
+                first.host(shared).add_(10)
+                device.log.append(("first ran",))
+            first_work = worker.submit(run_first, [shared], staged=first)
+            second = staging.Staged(writes=[second_tensor])
+            seen = []
+
+            def run_second(second=second, second_tensor=second_tensor):
+                seen.append(second.host(second_tensor).clone())
+            second_work = worker.submit(run_second, [second_tensor], staged=second)
+            release.set()
+            first_work.wait()
+            second_work.wait()
+            first_back = _at(device.log, ("to device", "shared", "side"))
+            second_to_host = [i for i, e in enumerate(device.log) if e[:2] == ("to host", name)][-1]
+            if name == "shared":
+                assert second_to_host > first_back, device.log
+                assert torch.equal(seen[0], torch.full((2,), 11.0))  # the first call's result
+            else:
+                assert second_to_host < _at(device.log, ("first ran",)), device.log  # queued at submit
+                assert torch.equal(seen[0], torch.ones(2))
+    finally:
+        worker.close()
+
+
+def test_an_overwritten_output_is_not_copied_to_the_host_but_is_copied_back(device):
+    """Staged(overwrites=[t]): t's twin is not filled from the device (an exact call writes it
+    whole), and it is copied back after a success; a tensor both read and overwritten is filled."""
+    output = device.device_tensor(torch.full((3,), 7.0), "output")
+    both = device.device_tensor(torch.full((3,), 1.0), "both")
+    staged = staging.Staged(reads=[both], overwrites=[output, both])
+    staged.landed()
+    assert [e[1] for e in device.entries("to host")] == ["both"]
+    staged.host(output).fill_(2.0)
+    staged.host(both).fill_(3.0)
+    staged.write_back()
+    assert sorted(e[1] for e in device.entries("to device")) == ["both", "output"]
+    assert torch.equal(output, torch.full((3,), 2.0)) and torch.equal(both, torch.full((3,), 3.0))
+
+
 # -- a group of the c10d backend, a world of one, in this process ------------------
 
 

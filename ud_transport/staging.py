@@ -5,10 +5,12 @@ host twin of it, with the stream rules c10d's own host-staged backends follow (P
 CUDA work):
 
 1. On the caller's thread, when the call is made: an event is recorded on the caller's current
-   stream, a side stream waits on it, and the device-to-host copies are queued there
-   (non-blocking). A tensor a kernel has just been queued to write is read after that kernel,
-   and the copy runs as soon as it can: while an earlier call is still on the wire, for the
-   c10d backend's queued calls.
+   stream. A side stream waits on it before the device-to-host copies (non-blocking), so a tensor
+   a kernel has just been queued to write is read after that kernel. A group's worker queues the
+   copies at once where no earlier call still pending writes the same memory: they then run
+   while earlier calls are on the wire. Else they are queued where the call runs, behind the
+   earlier calls' copies back (two async all_reduces of one tensor: the second reads the first's
+   result, as on NCCL's stream).
 2. Where the call runs (the caller's thread, or a group's worker): the host waits for the copies
    to land, then the engine works on the twins.
 3. On success only, the twins of the tensors the call writes are queued back host-to-device on
@@ -123,8 +125,11 @@ DEVICE = CudaDevice()
 class Staged:
     """The device tensors of one call and their pinned host twins.
 
-    Made on the caller's thread (the copies to the host are queued after what the caller's
-    stream has queued so far). ``host(t)`` is the tensor the engine works on in place of `t`.
+    Made on the caller's thread: an event marks where the caller's stream stands, and every copy
+    to the host is queued behind it. The copies are queued by ``prefetch()`` (a group's worker
+    calls it when the call is submitted, where no earlier pending call writes these tensors), or
+    else by ``landed()`` where the call runs, behind the copies back of the calls before it.
+    ``host(t)`` is the tensor the engine works on in place of `t`.
 
     Parameters
     ----------
@@ -132,6 +137,9 @@ class Staged:
         Tensors the call only reads.
     writes : sequence of tensors
         Tensors the call writes; their old values are staged too (a lost chunk keeps them).
+    overwrites : sequence of tensors
+        Tensors the call writes whole on success (an exact call's output): their twins are not
+        filled from the device, which saves their bytes over the bus.
 
     Raises
     ------
@@ -139,15 +147,18 @@ class Staged:
         Device tensors on more than one device, or a device this process cannot serve.
     """
 
-    def __init__(self, reads=(), writes=()):
+    def __init__(self, reads=(), writes=(), overwrites=()):
         self._device = DEVICE
         self.twins = {}        # id(original) -> twin
         self._written = []     # (original, twin), in order
+        self._to_host = []     # (twin, original): the copies to the host, queued once
         self.device = None
         self.done = None       # the event after the copies back (None: nothing copied back yet)
         self._landed = None
-        reads, writes = list(reads), list(writes)
-        device_tensors = [t for t in reads + writes if on_device(t)]
+        self._queued = False
+        self.storages, self.written_storages = set(), set()  # data pointers (pending calls' conflicts)
+        reads, writes, overwrites = list(reads), list(writes), list(overwrites)
+        device_tensors = [t for t in reads + writes + overwrites if on_device(t)]
         if not device_tensors:
             return
         devices = {t.device for t in device_tensors}
@@ -156,18 +167,37 @@ class Staged:
         self.device = devices.pop()
         self._device.check(device_tensors[0])
         self.stream = self._device.side_stream(self.device)
-        self._device.stream_waits(self.stream, self._device.caller_mark(self.device))
-        written_ids = {id(t) for t in writes}
+        self._mark = self._device.caller_mark(self.device)
+        written_ids = {id(t) for t in writes + overwrites}
+        filled_ids = {id(t) for t in reads + writes}  # an overwritten tensor also read is filled
         for tensor in device_tensors:
             if id(tensor) in self.twins:
                 continue
             twin = self._device.pinned_like(tensor)
-            self._device.copy(twin, tensor, self.stream)
             self._device.used_on(tensor, self.stream)
             self.twins[id(tensor)] = twin
+            storage = tensor.untyped_storage().data_ptr()
+            self.storages.add(storage)
+            if id(tensor) in filled_ids:
+                self._to_host.append((twin, tensor))
             if id(tensor) in written_ids:
                 self._written.append((tensor, twin))
+                self.written_storages.add(storage)
+
+    def prefetch(self):
+        """Queue the copies to the host now (once): behind the caller's mark on the side stream."""
+        if not self or self._queued:
+            return
+        self._queued = True
+        self._device.stream_waits(self.stream, self._mark)
+        for twin, tensor in self._to_host:
+            self._device.copy(twin, tensor, self.stream)
         self._landed = self._device.record(self.stream)
+
+    def conflicts_with(self, earlier):
+        """True where `earlier` (a call not yet finished) writes memory this call reads or
+        writes: its copies to the host must then wait for that call's copies back."""
+        return bool(self.storages & earlier.written_storages)
 
     def __bool__(self):
         return self.device is not None
@@ -184,7 +214,9 @@ class Staged:
         return self.host(nested)
 
     def landed(self):
-        """Wait on the host until the copies to the host have run."""
+        """Queue the copies to the host if prefetch() has not, then wait on the host until they
+        have run."""
+        self.prefetch()
         if self._landed is not None:
             self._device.host_waits(self._landed)
             self._landed = None
@@ -214,12 +246,12 @@ class Staged:
         return self._device.streams_of(self.stream)
 
 
-def run_on_host(call, reads=(), writes=()):
+def run_on_host(call, reads=(), writes=(), overwrites=()):
     """call(), made on host twins of the device tensors among `reads` and `writes`: ``call``
     takes the Staged and finds its tensors with ``staged.host(t)``. Synchronous, for the
     caller's own thread: the caller's stream waits for the results; on an error nothing is
     written back and the error is raised."""
-    return run_staged(call, Staged(reads, writes))
+    return run_staged(call, Staged(reads, writes, overwrites))
 
 
 def run_staged(call, staged):
@@ -235,7 +267,7 @@ def run_staged(call, staged):
     return result
 
 
-def stages(reads=(), writes=(), refusing=None):
+def stages(reads=(), writes=(), overwrites=(), refusing=None):
     """A decorator: the function's arguments named in `reads` and `writes` may be device tensors,
     each staged through a host twin (run_on_host) before the function runs on host memory.
     refusing(arguments): a context manager around the staging (the exact layer keeps a refused
@@ -247,17 +279,18 @@ def stages(reads=(), writes=(), refusing=None):
         def staged_call(*args, **kwargs):
             bound = signature.bind(*args, **kwargs)
             arguments = bound.arguments
-            if not any_on_device(arguments.get(name) for name in reads + writes):
+            named = reads + writes + overwrites
+            if not any_on_device(arguments.get(name) for name in named):
                 return function(*args, **kwargs)
 
             def on_host(staged):
-                for name in reads + writes:
+                for name in named:
                     if name in arguments:
                         arguments[name] = staged.host(arguments[name])
                 return function(*bound.args, **bound.kwargs)
             with refusing(arguments) if refusing is not None else contextlib.nullcontext():
-                staged = Staged([arguments[n] for n in reads if n in arguments],
-                                [arguments[n] for n in writes if n in arguments])
+                staged = Staged(*([arguments[n] for n in names if n in arguments]
+                                  for names in (reads, writes, overwrites)))
             return run_staged(on_host, staged)
         return staged_call
     return wrap

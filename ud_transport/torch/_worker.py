@@ -85,6 +85,7 @@ class SerialWorker:
         self._closed = False
         self._closing = threading.Lock()  # a submit racing close() would queue behind the end
         self._pending = 0  # calls submitted and not yet finished, queued or running (under _closing)
+        self._staged_pending = []  # the Staged of those calls (under _closing)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -100,12 +101,17 @@ class SerialWorker:
         pending can be taken.
 
         staged: the Staged of the call's CUDA tensors (made on the caller's thread); run() works
-        on its host twins, which are waited for first and copied back after a success."""
+        on its host twins, which are waited for first and copied back after a success. Their
+        copies to the host are queued now, overlapping the calls before it, unless one of those
+        writes the same memory (then where it runs, after that call's copies back)."""
         with self._closing:
             if self._closed:
                 raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
             work = Work(result, staged)
             if work._staged is not None:
+                if not any(staged.conflicts_with(earlier) for earlier in self._staged_pending):
+                    staged.prefetch()
+                self._staged_pending.append(staged)
                 run = through_host(run, staged)
             self._pending += 1
             if inline:
@@ -131,6 +137,8 @@ class SerialWorker:
             error_or_none = None
         with self._closing:
             self._pending -= 1
+            if work._staged is not None:
+                self._staged_pending.remove(work._staged)
         work._finish(error_or_none)
 
     def _loop(self):

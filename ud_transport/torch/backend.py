@@ -313,11 +313,11 @@ class ProcessGroupUD(dist.ProcessGroup):
                 pass
             raise
 
-    def _staged(self, reads=(), writes=()):
+    def _staged(self, reads=(), writes=(), overwrites=()):
         """The call's CUDA tensors staged (ud_transport.staging.Staged), made on the caller's
         thread; a refusal (tensors on two devices) is in step as _refusing's are."""
         with self._refusing():
-            return Staged(reads, writes)
+            return Staged(reads, writes, overwrites)
 
     def _gather_one(self, output_flat, shard, claim):
         self.exact_calls += 1
@@ -368,7 +368,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         with self._refusing():
             _check_tensors("broadcast", tensors)
 
-        staged = self._staged(writes=tensors)
+        staged = self._staged(reads=tensors if root == self.rank() else (),  # the root's tensor is only read
+                               overwrites=tensors if root != self.rank() else ())
 
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
@@ -393,7 +394,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                                      f"(one per rank, the input's size), got {[output.numel() for output in outputs]}")
 
         outputs_kept = [t for outputs in (output_lists if keeps else ()) for t in outputs]
-        staged = self._staged(reads=input_tensors, writes=outputs_kept)
+        staged = self._staged(reads=input_tensors, overwrites=outputs_kept)
 
         def run():
             for index, shard in enumerate(staged.hosts(list(input_tensors))):
@@ -410,7 +411,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("all_gather_into_tensor", [output, shard])
             _check_gather_output(output, shard, self.size())
 
-        staged = self._staged(reads=[shard], writes=[output])
+        staged = self._staged(reads=[shard], overwrites=[output])
 
         def run():  # pairs with an all_gather of one input: the same call
             self._gather_one(staged.host(output), staged.host(shard), _claim("all_gather", 0, [shard]))
@@ -422,7 +423,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, shard in zip(outputs, shards):
                 _check_gather_output(output, shard, self.size())
 
-        staged = self._staged(reads=shards, writes=outputs)
+        staged = self._staged(reads=shards, overwrites=outputs)
 
         def run():
             for index, (output, shard) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(shards)))):
@@ -454,7 +455,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                     raise ValueError(f"reduce_scatter on 'ud' needs {self.size()} inputs (one per rank), each the size "
                                      f"of the output ({output.numel()} elements), got {[p.numel() for p in pieces]}")
 
-        staged = self._staged(reads=[p for pieces in input_lists for p in pieces], writes=output_tensors)
+        staged = self._staged(reads=[p for pieces in input_lists for p in pieces], overwrites=output_tensors)
 
         def run():
             for index, (output, pieces) in enumerate(zip(staged.hosts(list(output_tensors)), staged.hosts(list(input_lists)))):
@@ -469,7 +470,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_op("reduce_scatter_tensor", op)
             self._check_reduce_scatter_sizes(output, flat_input)
 
-        staged = self._staged(reads=[flat_input], writes=[output])
+        staged = self._staged(reads=[flat_input], overwrites=[output])
 
         def run():
             self._reduce_scatter_one(staged.host(output), staged.host(flat_input).reshape(-1).contiguous(), op,
@@ -486,7 +487,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 if flat_input.dtype != output.dtype:
                     raise TypeError(f"reduce_scatter_tensor on 'ud': input {flat_input.dtype}, output {output.dtype}")
 
-        staged = self._staged(reads=inputs, writes=outputs)
+        staged = self._staged(reads=inputs, overwrites=outputs)
 
         def run():
             for index, (output, flat_input) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(inputs)))):
@@ -535,7 +536,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for output, pieces in zip(output_tensors, input_lists if on_root else ()):
                 composite.check_scatter_pieces(pieces, output, self.size())
 
-        staged = self._staged(reads=[p for pieces in input_lists for p in pieces] if on_root else [], writes=output_tensors)
+        staged = self._staged(reads=[p for pieces in input_lists for p in pieces] if on_root else [], overwrites=output_tensors)
 
         def run():
             for index, output in enumerate(staged.hosts(list(output_tensors))):
@@ -549,7 +550,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             _check_tensors("all_to_all_single", [output, source])
             composite.plan_all_to_all(output, source, output_splits, input_splits, self.size())
 
-        staged = self._staged(reads=[source], writes=[output])
+        staged = self._staged(reads=[source], overwrites=[output])
 
         def run():
             self.exact_calls += 1
@@ -570,7 +571,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise ValueError(f"all_to_all on 'ud' needs one dtype, got {sorted(map(str, dtypes))}")
         output_splits, input_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
 
-        staged = self._staged(reads=input_tensors, writes=output_tensors)
+        staged = self._staged(reads=input_tensors, overwrites=output_tensors)
 
         def run():  # reads the inputs here, in issue order, as every other call does
             self.exact_calls += 1

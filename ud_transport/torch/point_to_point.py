@@ -267,7 +267,7 @@ class Channels:
         place; on failure tensor keeps its values). It claims that message now: a receive from
         any source posted before it takes another."""
         with self._lock:
-            work = self._message_locked(tensor, (source, self._rank, tag), staged=Staged(writes=[tensor]))
+            work = self._message_locked(tensor, (source, self._rank, tag), staged=Staged(overwrites=[tensor]))
             self._claimed[(source, tag)] += 1  # in the order queued on the channel: the claim is that message
         return work
 
@@ -275,7 +275,7 @@ class Channels:
         """Queue the receipt of the next message under `tag` from any other rank of the
         `world_size` into `tensor`: the first message no receive has claimed (any-source receives
         take them in the order they were posted). The Work's `_source_rank()` names its sender."""
-        staged = Staged(writes=[tensor])
+        staged = Staged(overwrites=[tensor])
         work = SourcedWork([tensor], staged)
         with self._lock:
             if self._closed:
