@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$(realpath "$0")")/.."
 # UD_GPU_TESTS: pytest's arguments (default: both test files); the script's own arguments go to the benchmark
 tests=(${UD_GPU_TESTS:-tests/test_cuda.py tests/test_staging.py})
+UD_GPU_TRAIN=${UD_GPU_TRAIN:-}
 bench_arguments=("$@")
 out=${OUT:-/tmp/device_gpu_check}
 mkdir -p "$out"
@@ -43,4 +44,13 @@ start=$(date +%s)
 timeout 200 python3 scripts/bench_cuda.py --json "$out/bench.json" "${bench_arguments[@]}" 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
 echo "bench: exit $bench_status in $(( $(date +%s) - start )) s" | tee -a "$out/gpu_check.log"
-exit $(( tests_status || bench_status ))
+# UD_GPU_TRAIN=1,2,3: also the two-stage step on CUDA at 10% injected loss against Gloo (CUDA) on the
+# Shakespeare task, one run per seed (scripts/train_under_loss.py --device cuda; not yet run there:
+# size the seeds and UD_GPU_TRAIN_STEPS to the device time left)
+train_status=0
+for seed in ${UD_GPU_TRAIN//,/ }; do
+    timeout 200 python3 scripts/train_under_loss.py --device cuda --seed "$seed" --steps "${UD_GPU_TRAIN_STEPS:-600}" \
+        --arms "two_stage 10% auto" --json "$out/train_seed$seed.json" 2>&1 | tee -a "$out/train.log"
+    train_status=$(( train_status || PIPESTATUS[0] ))
+done
+exit $(( tests_status || bench_status || train_status ))

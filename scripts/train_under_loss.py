@@ -80,7 +80,9 @@ def loss_of(model, tokens, targets):
 
 @torch.no_grad()
 def validation_perplexity(model, data, config):
-    losses = [loss_of(model, *batch(data, 10_000_000 + i, 0, config["batch"], config["context"], 12345)).item()
+    device = config.get("device", "cpu")
+    losses = [loss_of(model, *(t.to(device) for t in batch(data, 10_000_000 + i, 0, config["batch"], config["context"],
+                                                          12345))).item()
               for i in range(config["eval_batches"])]
     return math.exp(sum(losses) / len(losses))
 
@@ -97,8 +99,11 @@ def run_arm(comm, arm, config):
     data = corpus_bytes()
     split = int(len(data) * 0.95)
     train_data, valid_data = data[:split], data[split:]
+    device = torch.device(config.get("device", "cpu"))
+    if device.type == "cuda":  # every rank on this GPU: the collectives stage its tensors through the host
+        torch.cuda.set_device(device)
     torch.manual_seed(config["seed"])
-    model = TinyLM(config["width"], config["layers"], config["heads"], config["context"])
+    model = TinyLM(config["width"], config["layers"], config["heads"], config["context"]).to(device)
     parameters = list(model.parameters())
     inner = torch.optim.AdamW(parameters, lr=config["lr"], weight_decay=0.01)
     method = arm["method"]
@@ -127,7 +132,7 @@ def run_arm(comm, arm, config):
         progress = tqdm(total=config["steps"], desc=arm["name"], leave=False)
     for step in range(config["steps"]):
         tokens, targets = batch(train_data, step, comm.rank, config["batch"], config["context"], config["seed"])
-        loss_of(model, tokens, targets).backward()
+        loss_of(model, tokens.to(device), targets.to(device)).backward()
         started = time.perf_counter()
         if method in ("gloo", "plain"):
             flat = torch.cat([p.grad.reshape(-1) for p in parameters])
@@ -221,6 +226,7 @@ def main():
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds per ud call (default: adaptive, floor 1 s; raise it on an oversubscribed machine)")
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    parser.add_argument("--device", default="cpu", help="where the model trains (cuda: every rank on cuda:0)")
     parser.add_argument("--json", default="", help="write the results here")
     parser.add_argument("--plot", default="", help="draw perplexity and drift curves to this PNG")
     parser.add_argument("--from-json", default="", help="print the table and plot from saved results, train nothing")
@@ -233,7 +239,7 @@ def main():
             plot(saved["results"], args.plot)
         return
     config = dict(width=128, layers=2, heads=4, context=64, batch=16, lr=2e-3, steps=args.steps, eval_every=50,
-                  eval_batches=16, sync_every=50, seed=args.seed, deadline=args.deadline)
+                  eval_batches=16, sync_every=50, seed=args.seed, deadline=args.deadline, device=args.device)
     if args.quick:
         config.update(width=64, layers=1, context=32, batch=8, steps=min(args.steps, 200), eval_every=50, eval_batches=8)
     arms = arms_for(args.quick)
