@@ -421,6 +421,19 @@ def test_an_overwritten_output_is_not_copied_to_the_host_but_is_copied_back(devi
     assert torch.equal(output, torch.full((3,), 2.0)) and torch.equal(both, torch.full((3,), 3.0))
 
 
+def test_a_staged_call_lets_its_twins_go_once_its_copies_back_are_queued(device):
+    """After write_back (or release) the Staged holds no twin: a Work that outlives its call (a
+    list of Works kept, DDP's futures) must not keep pinned memory (the copies to the host were
+    still listed, holding every twin, until a review found it)."""
+    read = device.device_tensor(torch.ones(2), "read")
+    written = device.device_tensor(torch.ones(2), "written")
+    for end in ("write_back", "release"):
+        staged = staging.Staged(reads=[read], writes=[written])
+        staged.landed()
+        getattr(staged, end)()
+        assert not staged.twins and not staged._to_host and not staged._written, end
+
+
 # -- a group of the c10d backend, a world of one, in this process ------------------
 
 
@@ -450,6 +463,13 @@ def test_the_backend_stages_an_all_gather_into_tensor(device, plain_future, grou
     # returns, so the caller's wait is looked for after the copy back, not at the log's end
     copied_back = device.log.index(device.entries("to device")[-1])
     assert ("wait", "caller", done) in device.log[copied_back:]
+
+
+def test_an_all_gather_into_a_tensor_of_another_dtype_is_refused(group):
+    """The exact all-gather moves bytes: a float32 output for a float16 input was accepted and
+    half of it left as it was (a review found it); it is a TypeError now, before any call."""
+    with pytest.raises(TypeError, match="the output is torch.float32, the input torch.float16"):
+        group._allgather_base(torch.zeros(4), torch.zeros(4, dtype=torch.float16))
 
 
 def test_the_backend_names_a_tensor_it_cannot_serve():

@@ -360,7 +360,7 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     return stats
 
 
-@staging.stages(reads=("shard",), overwrites=("output",), refusing=_staging_in_step)
+@staging.stages(reads=("shard",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather"):
     """Gather every rank's shard (any dtype, the same size everywhere) into
@@ -394,7 +394,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
     return stats
 
 
-@staging.stages(reads=("tensor",), overwrites=("output",), refusing=_staging_in_step)
+@staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all"):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block

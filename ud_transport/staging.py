@@ -192,6 +192,7 @@ class Staged:
         self._device.stream_waits(self.stream, self._mark)
         for twin, tensor in self._to_host:
             self._device.copy(twin, tensor, self.stream)
+        self._to_host = []  # (the twins stay in `twins`; record_stream keeps the sources' memory)
         self._landed = self._device.record(self.stream)
 
     def conflicts_with(self, earlier):
@@ -235,6 +236,7 @@ class Staged:
         """Let the twins go without copying anything back (the call failed)."""
         self.twins = {}
         self._written = []
+        self._to_host = []
 
     def caller_waits(self):
         """The current stream of the calling thread waits for the copies back."""
@@ -247,7 +249,8 @@ class Staged:
 
 
 def run_on_host(call, reads=(), writes=(), overwrites=()):
-    """call(), made on host twins of the device tensors among `reads` and `writes`: ``call``
+    """call(), made on host twins of the device tensors among `reads`, `writes` and `overwrites`
+    (as Staged takes them): ``call``
     takes the Staged and finds its tensors with ``staged.host(t)``. Synchronous, for the
     caller's own thread: the caller's stream waits for the results; on an error nothing is
     written back and the error is raised."""
@@ -268,8 +271,9 @@ def run_staged(call, staged):
 
 
 def stages(reads=(), writes=(), overwrites=(), refusing=None):
-    """A decorator: the function's arguments named in `reads` and `writes` may be device tensors,
-    each staged through a host twin (run_on_host) before the function runs on host memory.
+    """A decorator: the function's arguments named in `reads`, `writes` and `overwrites` (as Staged
+    takes them) may be device tensors, each staged through a host twin (run_on_host) before the
+    function runs on host memory.
     refusing(arguments): a context manager around the staging (the exact layer keeps a refused
     call in step with the other ranks this way)."""
     def wrap(function):

@@ -702,6 +702,8 @@ def _claim(collective, index, items, typed=False):
 
 
 def _check_gather_output(output, shard, world_size):
+    if output.dtype != shard.dtype:  # (the exact all-gather moves bytes: another dtype filled part of the output)
+        raise TypeError(f"all_gather_into_tensor on 'ud': the output is {output.dtype}, the input {shard.dtype}")
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all_gather_into_tensor on 'ud': the output has {output.numel()} elements, "
                          f"{world_size} ranks x {shard.numel()} need {world_size * shard.numel()}")
