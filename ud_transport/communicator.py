@@ -409,8 +409,9 @@ class Communicator:
         Parameters
         ----------
         tensor : numpy.ndarray or torch.Tensor
-            Contiguous, writable, on the CPU or a CUDA device (staged: docs/gpu.md); float32, float64, float16, bfloat16 (accumulated in
-            float32) or int32. Every rank passes the same size and dtype.
+            Contiguous, writable, on the CPU or a CUDA device (staged: docs/gpu.md); float32,
+            float64, float16, bfloat16 (accumulated in float32) or int32. Every rank passes the
+            same size and dtype.
         op : {"sum", "mean", "avg"}, ReduceOp or torch.distributed.ReduceOp, default "sum"
         estimator : {"unbiased", "zero_fill"} or Estimator, optional
             How a hole is filled; None takes ``Options.estimator``.

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import TransportError
+from ..staging import on_twins
 
 
 class Work(dist._Work):
@@ -167,14 +168,5 @@ class SerialWorker:
 
 
 def through_host(run, staged):
-    """run() between the landing of `staged`'s copies to the host and, after a success, the
-    queueing of its copies back; after an error nothing is copied back."""
-    def staged_run():
-        staged.landed()
-        try:
-            run()
-        except BaseException:
-            staged.release()
-            raise
-        staged.write_back()
-    return staged_run
+    """run() on `staged`'s twins (ud_transport.staging.on_twins), as a callable of no arguments."""
+    return lambda: on_twins(lambda _: run(), staged)
