@@ -215,6 +215,8 @@ COLLECTIVE_ALL_GATHER = UDT_ALL_GATHER
 COLLECTIVE_BROADCAST = UDT_BROADCAST
 COLLECTIVE_AGREE = UDT_AGREE
 COLLECTIVE_ALL_TO_ALL = UDT_ALL_TO_ALL
+COLLECTIVE_SCATTER = UDT_SCATTER
+COLLECTIVE_GATHER = UDT_GATHER
 ALGORITHM_RING = UDT_ALGORITHM_RING
 ALGORITHM_DIRECT = UDT_ALGORITHM_DIRECT
 
@@ -397,7 +399,8 @@ def chunk_mask_bytes(int collective, int algorithm, uint64_t count, int dtype, u
     """Bytes of the chunk mask a call can fill (0: none for this collective and algorithm):
     reduce_scatter, world_size rows of this rank's shard's chunks (1: that rank's contribution
     reached the chunk; direct schedule or two ranks); all_gather, broadcast, allreduce,
-    all_to_all, one per chunk of the tensor (the output; 1: fresh)."""
+    all_to_all, scatter, gather, one per chunk of the tensor (the output; 1: fresh, or outside
+    this rank's result: a scatter's other blocks, a gather's off its root)."""
     return udt_chunk_mask_bytes(collective, algorithm, count, dtype, rank, world_size, chunk_bytes)
 
 
@@ -408,7 +411,8 @@ def _facts_of(int collective):
             "output_is_shard": bool(f.output_is_shard), "sends_input": bool(f.sends_input),
             "holds_own_block": bool(f.holds_own_block), "root_holds_all": bool(f.root_holds_all),
             "rotates": bool(f.rotates), "may_sum_in_place": bool(f.may_sum_in_place),
-            "equal_blocks": bool(f.equal_blocks), "mask_by_sender": bool(f.mask_by_sender)}
+            "equal_blocks": bool(f.equal_blocks), "mask_by_sender": bool(f.mask_by_sender),
+            "wants": ("all", "own block", "all at the root")[f.wants]}
 
 
 # What each collective is (native/schedule.c's one table), by its code: the Python layer reads

@@ -64,6 +64,8 @@ cdef extern from "schedule.h" nogil:
         UDT_BROADCAST
         UDT_AGREE
         UDT_ALL_TO_ALL
+        UDT_SCATTER
+        UDT_GATHER
         UDT_ALGORITHM_RING
         UDT_ALGORITHM_DIRECT
         UDT_RECV_REDUCE
@@ -101,6 +103,7 @@ cdef extern from "schedule.h" nogil:
         uint8_t may_sum_in_place
         uint8_t equal_blocks
         uint8_t mask_by_sender
+        uint8_t wants
         uint8_t output
 
     const udt_collective_facts_struct *udt_collective_facts(int collective)

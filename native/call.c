@@ -194,9 +194,10 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
         return "count: must divide by the world size";
     if (facts->sends_input && a->direct_output) {
         /* written as it arrives, the output must not be the input later steps still send from */
-        uint64_t bytes = a->count * (uint64_t)udt_wire_elem_bytes(a->dtype);
+        uint64_t element_bytes = (uint64_t)udt_wire_elem_bytes(a->dtype);
+        uint64_t in_bytes = input_count * element_bytes, out_bytes = output_count * element_bytes;
         const uint8_t *in = a->input, *out = a->output;
-        if (bytes && in < out + bytes && out < in + bytes)
+        if (in_bytes && out_bytes && in < out + out_bytes && out < in + in_bytes)
             return "output: overlaps the input (direct_output)";
     }
     uint64_t chunk_elements = comm->options.chunk_bytes / udt_wire_elem_bytes(a->dtype);

@@ -255,6 +255,20 @@ static inline uint32_t chunks_in_block(const struct call *c, uint32_t block)
     return (uint32_t)(c->geometry.chunk_base[block + 1] - c->geometry.chunk_base[block]);
 }
 
+/* Whether `block` is part of this rank's result (enum udt_wants): every block, but only its own
+ * in a scatter and in a gather off its root. */
+static inline int wants_block(const struct call *c, uint32_t block)
+{
+    switch (c->schedule.facts->wants) {
+    case UDT_WANTS_OWN_BLOCK:
+        return block == c->schedule.owned_block;
+    case UDT_WANTS_ALL_AT_ROOT:
+        return c->rank == c->args.root || block == c->schedule.owned_block;
+    default:
+        return 1;
+    }
+}
+
 static inline uint64_t chunk_first_element(const struct call *c, uint32_t block, uint32_t chunk)
 {
     return c->geometry.block_first[block] + (uint64_t)chunk * c->geometry.chunk_elements;

@@ -60,12 +60,19 @@ void udt_finalize_owned_block(struct call *c)
     }
 }
 
+/* Fresh elements of this rank's result, scaled to the tensor's count where the result is part
+ * of it (a scatter's block, a gather off its root), so that one number means the same share on
+ * every rank and the verdict's least over ranks is the least share; rounded down, so a result
+ * that lacks anything never reads as whole. */
 uint64_t udt_fresh_elements(const struct call *c)
 {
     if (!c->schedule.facts->gathers)
         return c->args.count;
-    uint64_t fresh = 0;
+    uint64_t fresh = 0, wanted = 0;
     for (uint32_t block = 0; block < c->n; block++) {
+        if (!wants_block(c, block))
+            continue;
+        wanted += c->geometry.block_first[block + 1] - c->geometry.block_first[block];
         if (c->schedule.facts->holds_own_block && block == c->schedule.owned_block) {
             fresh += c->geometry.block_first[block + 1] - c->geometry.block_first[block];
             continue;
@@ -74,7 +81,12 @@ uint64_t udt_fresh_elements(const struct call *c)
             if (c->chunks.final_count[c->geometry.chunk_base[block] + chunk])
                 fresh += chunk_length(c, block, chunk);
     }
-    return fresh;
+    if (wanted == c->args.count)
+        return fresh;
+    if (wanted == 0) /* an empty block: nothing to lack */
+        return c->args.count;
+    unsigned __int128 missing = (unsigned __int128)(wanted - fresh) * c->args.count;
+    return c->args.count - (uint64_t)((missing + wanted - 1) / wanted);
 }
 
 uint64_t udt_reduce_weighted(const struct call *c)
@@ -252,9 +264,12 @@ uint64_t udt_chunk_mask_bytes(int collective, int algorithm, uint64_t count, int
 static void write_chunk_mask(struct call *c)
 {
     uint8_t *mask = c->args.chunk_mask;
-    if (!c->schedule.facts->mask_by_sender) {
-        for (uint64_t id = 0; id < c->geometry.chunk_base[c->n]; id++)
-            mask[id] = c->chunks.final_count[id] != 0;
+    if (!c->schedule.facts->mask_by_sender) { /* a chunk outside this rank's result lacks nothing: 1 */
+        for (uint32_t block = 0; block < c->n; block++) {
+            int wanted = wants_block(c, block);
+            for (uint64_t id = c->geometry.chunk_base[block]; id < c->geometry.chunk_base[block + 1]; id++)
+                mask[id] = !wanted || c->chunks.final_count[id] != 0;
+        }
         return;
     }
     uint32_t block = c->schedule.owned_block, chunks = chunks_in_block(c, block);
@@ -295,8 +310,9 @@ int udt_write_output(struct call *c)
         write_chunk_mask(c);
     c->stats->chunks_stale = 0;
     if (c->schedule.facts->gathers)
-        for (uint64_t id = 0; id < c->geometry.chunk_base[c->n]; id++)
-            c->stats->chunks_stale += c->chunks.final_count[id] == 0;
+        for (uint32_t block = 0; block < c->n; block++)
+            for (uint64_t id = c->geometry.chunk_base[block]; wants_block(c, block) && id < c->geometry.chunk_base[block + 1]; id++)
+                c->stats->chunks_stale += c->chunks.final_count[id] == 0;
     switch (c->schedule.facts->output) {
     case UDT_OUTPUT_REDUCED:
         write_allreduce(c);

@@ -130,6 +130,22 @@ static void scatter_from_root(struct builder *b, uint32_t root)
     }
 }
 
+/* Gather, N-1 rounds: in round k rank root+k sends its block to the root,
+ * which takes it; each piece crosses the network once and only the root
+ * receives (the stagger spreads the senders over the root's credit). */
+static void gather_to_root(struct builder *b, uint32_t root)
+{
+    uint32_t distance = wrap((int64_t)b->rank - root, b->n);
+    for (uint32_t k = 1; k < b->n; k++) {
+        struct udt_step *s = add_step(b, UDT_PHASE_GATHER);
+        if (b->rank == root)
+            set_recv(s, wrap((int64_t)root + k, b->n), wrap((int64_t)root + k, b->n), UDT_RECV_OVERWRITE);
+        else if (k == distance)
+            set_send(s, root, b->rank, UDT_NO_STEP);
+        s->recv_contributions = 1;
+    }
+}
+
 /* For each receive: how many sends must be done before it may land (the
  * last send at or before it that reads the same block). `last_send` holds
  * one entry per block. */
@@ -155,6 +171,10 @@ static const struct udt_collective_facts FACTS[UDT_COLLECTIVE_COUNT] = {
     [UDT_AGREE] = {.name = "agree", .output = UDT_OUTPUT_NONE},
     [UDT_ALL_TO_ALL] = {.name = "all_to_all", .moves_data = 1, .gathers = 1, .sends_input = 1, .holds_own_block = 1,
                         .equal_blocks = 1, .output = UDT_OUTPUT_GATHERED},
+    [UDT_SCATTER] = {.name = "scatter", .moves_data = 1, .gathers = 1, .root_holds_all = 1, .wants = UDT_WANTS_OWN_BLOCK,
+                     .output = UDT_OUTPUT_GATHERED},
+    [UDT_GATHER] = {.name = "gather", .moves_data = 1, .gathers = 1, .input_is_shard = 1, .sends_input = 1, .holds_own_block = 1,
+                    .wants = UDT_WANTS_ALL_AT_ROOT, .output = UDT_OUTPUT_GATHERED},
 };
 
 const struct udt_collective_facts *udt_collective_facts(int collective)
@@ -174,6 +194,8 @@ uint32_t udt_schedule_steps(int collective, int algorithm, uint32_t world_size)
     case UDT_REDUCE_SCATTER:
     case UDT_ALL_GATHER:
     case UDT_ALL_TO_ALL:
+    case UDT_SCATTER:
+    case UDT_GATHER:
         return world_size - 1;
     default:
         return 0;
@@ -239,6 +261,16 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
             schedule->owned_block = rank;
             schedule->critical_path = 1;
             break;
+        case UDT_SCATTER: /* a broadcast's first half alone; one schedule whatever the algorithm */
+            scatter_from_root(&b, root);
+            schedule->owned_block = rank;
+            schedule->critical_path = 1;
+            break;
+        case UDT_GATHER:
+            gather_to_root(&b, root);
+            schedule->owned_block = rank;
+            schedule->critical_path = 1;
+            break;
         default: /* UDT_AGREE: no data */
             break;
         }
@@ -250,6 +282,11 @@ int udt_schedule_build(int collective, int algorithm, uint32_t rank, uint32_t wo
         return 0;
     }
     mark_receive_hazards(out, b.next, world_size, block_scratch);
+    if (collective == UDT_SCATTER || collective == UDT_GATHER) { /* every piece comes whole from the rank that holds it */
+        for (uint32_t g = 0; g < b.next; g++)
+            out[g].recv_whole = 1;
+        return 0;
+    }
     /* whole blocks: every reduce step (each rank holds its input everywhere, a
      * scatter comes from the root), a broadcast's root, and an owner sending
      * its final block (direct gather, the ring's first gather step) */

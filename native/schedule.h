@@ -18,7 +18,17 @@ enum udt_collective {
     UDT_BROADCAST = 3,
     UDT_AGREE = 4, /* no data: only the verdict round */
     UDT_ALL_TO_ALL = 5, /* block q of rank r's input becomes block r of rank q's output */
-    UDT_COLLECTIVE_COUNT = 6,
+    UDT_SCATTER = 6,    /* block q of the root's tensor becomes block q of rank q's */
+    UDT_GATHER = 7,     /* rank q's shard becomes block q of the root's output */
+    UDT_COLLECTIVE_COUNT = 8,
+};
+
+/* Which blocks make up a rank's result (struct udt_collective_facts.wants): what its fresh
+ * fraction, its chunk mask and the verdict measure. */
+enum udt_wants {
+    UDT_WANTS_ALL = 0,          /* every block */
+    UDT_WANTS_OWN_BLOCK = 1,    /* scatter: each rank its own block, no more */
+    UDT_WANTS_ALL_AT_ROOT = 2,  /* gather: the root every block; the others their own, which they hold */
 };
 
 /* What the caller's buffers hold, per collective (struct udt_collective_facts.output). */
@@ -45,6 +55,7 @@ struct udt_collective_facts {
     uint8_t may_sum_in_place; /* input and output may be one tensor that accumulates (allreduce) */
     uint8_t equal_blocks;     /* the count must divide by the world size (all_to_all's pieces) */
     uint8_t mask_by_sender;   /* the chunk mask says whose contribution reached the shard, per sender */
+    uint8_t wants;            /* enum udt_wants: which blocks a rank's result is */
     uint8_t output;           /* enum udt_output_kind */
 };
 

@@ -4,8 +4,9 @@ shift of messages on a "ud" group (every rank isends its tensor to the next and 
 previous one's: send and recv, as a pipeline moves activations) and all_to_all_single on a
 "ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
 tokens), the exact int32 allreduce (ud_transport.exact.allreduce: "auto", each of its forms
-forced, and through a "ud" group) and a barrier on a "ud" group against Gloo's, on the same ranks in the same run,
-optionally under real packet loss.
+forced, and through a "ud" group), gather and scatter to and from rank 0 on a "ud" group (one
+piece per rank of the tensor) and a barrier on a "ud" group against Gloo's, on the same ranks in
+the same run, optionally under real packet loss.
 
     python3 scripts/exact_calls.py                                   # 2 ranks, loopback, 16 MiB
     python3 scripts/exact_calls.py --kernel-loss 0.01                # 1% of UDP and TCP packets dropped
@@ -13,6 +14,7 @@ optionally under real packet loss.
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --kernel-loss 0.1 --no-gloo   # ud only
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --only all_to_all          # one operation
     python3 scripts/exact_calls.py --world-size 4 --bytes 1M --only allreduce             # the exact allreduce
+    python3 scripts/exact_calls.py --world-size 8 --hosts veth --only gather,scatter      # bytes each rank received
 
 Each call starts after a store barrier; its time is its slowest rank's. Each rank runs torch with
 CPUs / ranks threads (at least 1; --threads): with more ranks than cores, torch's default of a
@@ -20,7 +22,10 @@ thread per core has each rank's parallel copies wait for threads that other rank
 off the cores (8 ranks on 2 cores: an exact all-gather took twice as long). torchrun sets one
 thread per process for the same reason. "calls" is how many calls that carry data one exact
 call made on average (1 when nothing was lost; then the repairs; the mask exchanges between
-them are not counted; not known for all_to_all, which runs through the group).
+them are not counted; not known for all_to_all, which runs through the group). With --hosts veth
+each rank has its own network namespace, and "received" is what its interfaces took in during a
+call (the kernel's count, headers included), the most over the ranks other than 0: for gather
+and scatter, what a rank that is not the root receives.
 """
 import argparse
 import os
@@ -34,6 +39,18 @@ sys.path.insert(0, ROOT)
 
 from ud_transport.lab.bench import store_barrier  # noqa: E402
 from ud_transport.lab.hosts import RankNetwork, run_on_network  # noqa: E402
+
+
+def received_bytes():
+    """Bytes this network namespace's interfaces other than loopback have received (the kernel's
+    count, /proc/net/dev): with --hosts veth, this rank's alone."""
+    total = 0
+    with open("/proc/net/dev") as table:
+        for line in table.readlines()[2:]:
+            name, counts = line.split(":", 1)
+            if name.strip() != "lo":
+                total += int(counts.split()[0])
+    return total
 
 
 def timed(comm, config):
@@ -55,6 +72,9 @@ def timed(comm, config):
     message, inbox = torch.full((count,), float(comm.rank)), torch.empty(count, dtype=torch.float32)
     pieces = torch.arange(count // n * n, dtype=torch.float32) // (count // n) + 100 * comm.rank  # piece q: 100 r + q
     routed = torch.empty_like(pieces)
+    own = torch.empty(count // n, dtype=torch.float32)  # a scatter's piece
+    listed = [torch.empty(count // n, dtype=torch.float32) for _ in range(n)] if comm.rank == 0 else None
+    handed = [torch.full((count // n,), float(q)) for q in range(n)] if comm.rank == 0 else None
     integers = torch.empty(count, dtype=torch.int32)  # the exact allreduce's tensor: every rank's r + 1
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
@@ -82,6 +102,10 @@ def timed(comm, config):
         # the same through a "ud" group (c10d, its worker thread): what a training loop calls
         "ud allreduce group": lambda: (dist.all_reduce(integers, group=groups["ud"]), None)[1],
         "gloo allreduce": lambda: (dist.all_reduce(integers), 1)[1],
+        "ud gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["ud"]), None)[1],
+        "gloo gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["gloo"]), 1)[1],
+        "ud scatter": lambda: (dist.scatter(own, handed, src=0, group=groups["ud"]), None)[1],
+        "gloo scatter": lambda: (dist.scatter(own, handed, src=0, group=groups["gloo"]), 1)[1],
         "ud barrier": lambda: (dist.barrier(group=groups["ud"]), None)[1],
         "gloo barrier": lambda: (dist.barrier(group=groups["gloo"]), 1)[1],
     }
@@ -89,17 +113,20 @@ def timed(comm, config):
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
     if config["only"]:
         operations = {name: run for name, run in operations.items() if name.split(" ")[1] in config["only"]}
-    results = {name: ([], []) for name in operations}
+    results = {name: ([], [], []) for name in operations}
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
             tensor.fill_(comm.rank)
             inbox.fill_(-1)
             routed.fill_(-1)
             integers.fill_(comm.rank + 1)
+            own.fill_(-1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
+            received = received_bytes()
             start = time.perf_counter()
             calls = run()
             elapsed = time.perf_counter() - start
+            received = received_bytes() - received
             if name.endswith("broadcast"):
                 assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
             elif name.endswith("all_to_all"):
@@ -107,6 +134,11 @@ def timed(comm, config):
                 assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"
             elif name.endswith("barrier"):
                 pass  # nothing to check but that every rank came through
+            elif name.endswith("gather") and not name.endswith("all_gather"):
+                assert comm.rank != 0 or all(torch.equal(piece, shard - comm.rank + q) for q, piece in enumerate(listed)), \
+                    "a gather ended with other pieces than its senders'"
+            elif name.endswith("scatter"):
+                assert torch.all(own == comm.rank), "a scatter ended with another piece than the root's for this rank"
             elif "allreduce" in name:
                 assert torch.all(integers == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif name.endswith("send/recv"):
@@ -116,6 +148,7 @@ def timed(comm, config):
             if iteration >= config["warmup"]:
                 results[name][0].append(elapsed)
                 results[name][1].append(calls)
+                results[name][2].append(received)
     dist.destroy_process_group()
     return results
 
@@ -133,10 +166,12 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all, allreduce, barrier; default: all)")
+                                                   "send/recv, all_to_all, allreduce, gather, scatter, barrier; "
+                                                   "default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "barrier"}
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "gather", "scatter",
+                           "barrier"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:
@@ -152,8 +187,9 @@ def main():
     print(f"# exact calls, {args.world_size} ranks, {where}, {args.bytes / 2**20:g} MiB float32, {args.iterations} "
           f"calls (+{args.warmup} warm-up) of each, taking turns; time = slowest rank; {config['threads']} torch "
           f"thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs")
-    print("| operation | p50 / p99 ms | ud / Gloo p50, p99 | calls per exact call |")
-    print("|---|---|---|---|")
+    veth = args.hosts == "veth"
+    print("| operation | p50 / p99 ms | ud / Gloo p50, p99 | calls per exact call |" + (" received, ranks 1.. (KiB) |" if veth else ""))
+    print("|---|---|---|---|" + ("---|" if veth else ""))
     slowest = {name: np.max(np.array([rank[name][0] for rank in per_rank]), axis=0) for name in per_rank[0]}
     for name, times in slowest.items():
         p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
@@ -161,7 +197,10 @@ def main():
         ratio = f"{p50 / np.percentile(peer, 50):.2f}x, {p99 / np.percentile(peer, 99):.2f}x" if peer is not None else ""
         known = [calls for calls in per_rank[0][name][1] if calls is not None]
         calls = f"{np.mean(known):.2f}" if name.startswith("ud ") and known else ""
-        print(f"| {name} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | {ratio} | {calls} |")
+        received = ""
+        if veth and len(per_rank) > 1:
+            received = f" {np.median(np.max(np.array([rank[name][2] for rank in per_rank[1:]]), axis=0)) / 1024:.0f} |"
+        print(f"| {name} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | {ratio} | {calls} |{received}")
     return 0
 
 

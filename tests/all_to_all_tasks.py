@@ -2,7 +2,6 @@
 import numpy as np
 import torch
 
-import ud_transport
 from ud_transport import exact
 from tasks import as_numpy
 
@@ -67,11 +66,9 @@ def exact_exchanges(comm, nbytes, dtype_name, calls, in_place):
     return outcome
 
 
-def argument_errors(comm):
-    """Each bad all_to_all must raise the named exception and send nothing; returns what did not."""
-    wrong = []
-    n = comm.world_size
-
+def expecting(wrong):
+    """expect(exception, call, text): call() must raise `exception` saying `text`; what did not
+    goes into `wrong`."""
     def expect(exception, call, text):
         try:
             call()
@@ -81,7 +78,14 @@ def argument_errors(comm):
                 wrong.append(f"{text}: {error}")
         except Exception as error:  # noqa: BLE001  (the test reports it)
             wrong.append(f"{text}: {type(error).__name__}: {error}")
+    return expect
 
+
+def argument_errors(comm):
+    """Each bad all_to_all must raise the named exception and send nothing; returns what did not."""
+    wrong = []
+    n = comm.world_size
+    expect = expecting(wrong)
     good = np.zeros(4 * n, dtype=np.float32)
     expect(ValueError, lambda: comm.all_to_all(np.zeros(4 * n + 1, dtype=np.float32), np.zeros(4 * n + 1, dtype=np.float32)),
            "do not divide")

@@ -12,14 +12,17 @@ from ud_transport.torch.policy import StepCounters
 
 CODES = {"allreduce": _native.COLLECTIVE_ALLREDUCE, "reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER,
          "all_gather": _native.COLLECTIVE_ALL_GATHER, "broadcast": _native.COLLECTIVE_BROADCAST,
-         "agree": _native.COLLECTIVE_AGREE, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL}
+         "agree": _native.COLLECTIVE_AGREE, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL,
+         "scatter": _native.COLLECTIVE_SCATTER, "gather": _native.COLLECTIVE_GATHER}
 
 
 def test_every_collective_has_its_facts_under_its_api_name():
     assert collectives.NAMES == {code: name for name, code in CODES.items()}
     assert {name for name in collectives.FACTS if collectives.reduces(name)} == {"allreduce", "reduce_scatter"}
     assert {name for name in collectives.FACTS if collectives.gathers(name)} == {
-        "allreduce", "all_gather", "broadcast", "all_to_all"}
+        "allreduce", "all_gather", "broadcast", "all_to_all", "scatter", "gather"}
+    assert {name: facts["wants"] for name, facts in collectives.FACTS.items() if facts["wants"] != "all"} == {
+        "scatter": "own block", "gather": "all at the root"}
 
 
 def test_step_counters_count_an_all_to_alls_gather_half():

@@ -107,7 +107,8 @@ def test_no_receive_overwrites_a_block_before_it_was_sent(algorithm):
 
 
 @pytest.mark.parametrize("algorithm", [RING, DIRECT])
-@pytest.mark.parametrize("collective", [ALLREDUCE, _native.COLLECTIVE_REDUCE_SCATTER, _native.COLLECTIVE_ALL_GATHER, BROADCAST])
+@pytest.mark.parametrize("collective", [ALLREDUCE, _native.COLLECTIVE_REDUCE_SCATTER, _native.COLLECTIVE_ALL_GATHER, BROADCAST,
+                                        _native.COLLECTIVE_SCATTER, _native.COLLECTIVE_GATHER])
 @pytest.mark.parametrize("world,root", [(2, 0), (3, 1), (5, 4)])
 def test_a_receive_is_whole_exactly_when_its_sender_holds_the_whole_block(collective, algorithm, world, root):
     """recv_whole (issue 10, finding 7) lets a receiver demand the exact chunk count: it must
@@ -144,3 +145,30 @@ def test_all_to_all_sends_each_piece_straight_to_its_receiver(algorithm, world):
             assert peer_step["recv_peer"] == rank and peer_step["recv_block"] == rank
             assert step["recv_whole"] and step["recv_needs_sent"] == 0 and step["send_after"] == -1  # no step before it
             assert step["recv_mode"] == 1 and step["phase"] == 1  # overwrite; sends from the input, counted as one
+
+
+@pytest.mark.parametrize("algorithm", [RING, DIRECT])
+@pytest.mark.parametrize("world,root", [(2, 0), (2, 1), (3, 1), (5, 4), (8, 3)])
+def test_scatter_and_gather_move_each_piece_once_between_the_root_and_its_rank(algorithm, world, root):
+    """A scatter's root sends block q to rank q and nothing else moves; a gather's rank q sends its
+    block to the root and nothing else moves (issue 41: gather and scatter at 1x): per rank, at
+    most one piece in or out, the root's world - 1, whatever the algorithm asked."""
+    for collective, outward in ((_native.COLLECTIVE_SCATTER, True), (_native.COLLECTIVE_GATHER, False)):
+        every = schedules(collective, algorithm, world, root=root)
+        assert_steps_pair_up(every)
+        for rank, (summary, steps) in enumerate(every):
+            assert len(steps) == world - 1 and summary["owned_block"] == rank and summary["critical_path"] == 1
+            sends = [(i, s) for i, s in enumerate(steps) if s["send_peer"] != NO_PEER]
+            receives = [(i, s) for i, s in enumerate(steps) if s["recv_peer"] != NO_PEER]
+            root_side, other_side = (sends, receives) if outward else (receives, sends)
+            if rank == root:
+                assert not other_side and len(root_side) == world - 1
+            else:
+                assert not root_side and len(other_side) == 1
+            for i, step in sends:
+                receiver_step = every[step["send_peer"]][1][i]
+                assert receiver_step["recv_peer"] == rank and receiver_step["recv_block"] == step["send_block"]
+                assert step["send_block"] == (step["send_peer"] if outward else rank)
+                assert step["send_after"] == -1
+            for i, step in receives:
+                assert step["recv_whole"] and step["recv_mode"] == 1 and step["recv_block"] == (rank if outward else step["recv_peer"])

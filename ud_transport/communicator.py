@@ -349,18 +349,18 @@ class Communicator:
 
         Parameters
         ----------
-        collective : {"reduce_scatter", "all_gather", "broadcast", "all_to_all"}
+        collective : {"reduce_scatter", "all_gather", "broadcast", "all_to_all", "scatter", "gather"}
         tensor : numpy.ndarray or torch.Tensor
-            The full tensor of the call (reduce_scatter's input, all_gather's and all_to_all's output,
-            broadcast's tensor).
+            The full tensor of the call (reduce_scatter's input, all_gather's, all_to_all's and
+            gather's output, broadcast's and scatter's tensor).
         algorithm : {"ring", "direct", "auto"}, optional
             The call's algorithm (None: the default, as the call resolves it).
 
         Returns
         -------
         numpy.ndarray of uint8
-            reduce_scatter: (world_size, chunks of this rank's shard); all_gather, broadcast and
-            all_to_all: (chunks of the tensor,).
+            reduce_scatter: (world_size, chunks of this rank's shard); the others: (chunks of the
+            tensor,).
 
         Raises
         ------
@@ -375,15 +375,17 @@ class Communicator:
         import numpy as np
 
         codes = {"reduce_scatter": _native.COLLECTIVE_REDUCE_SCATTER, "all_gather": _native.COLLECTIVE_ALL_GATHER,
-                 "broadcast": _native.COLLECTIVE_BROADCAST, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL}
+                 "broadcast": _native.COLLECTIVE_BROADCAST, "all_to_all": _native.COLLECTIVE_ALL_TO_ALL,
+                 "scatter": _native.COLLECTIVE_SCATTER, "gather": _native.COLLECTIVE_GATHER}
         if collective not in codes:
             raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
         view = view_of(tensor if not staging.on_device(tensor) else tensor.new_empty(0, device="cpu"))
         count = tensor.numel() if staging.on_device(tensor) else view.count  # its size alone: nothing is staged
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
-        if collective == "all_to_all":
-            self._check_all_to_all_count(count)
-            algorithm_name = "direct"  # its only schedule
+        if collective in ("all_to_all", "scatter", "gather"):
+            if collective == "all_to_all":
+                self._check_all_to_all_count(count)
+            algorithm_name = "direct"  # their only schedule
         size = _native.chunk_mask_bytes(codes[collective], algorithms.CODES[algorithm_name], count, view.dtype_code,
                                         self.rank, self.world_size, self.chunk_bytes)
         if size == 0 and count:
@@ -543,11 +545,98 @@ class Communicator:
         --------
         >>> comm.broadcast(weights, src=0, loss_budget=0.0)  # doctest: +SKIP
         """
+        return self._from_root(_native.COLLECTIVE_BROADCAST, tensor, src, loss_budget=loss_budget, deadline=deadline,
+                               algorithm=algorithm, chunk_mask=chunk_mask, copies=copies, direct_output=direct_output,
+                               layout_salt=layout_salt, on_miss=on_miss)
+
+    def _from_root(self, collective, tensor, src, **call):
+        """A broadcast or a scatter of `tensor`, in place, from rank `src`."""
         if not 0 <= int(src) < self.world_size:
             raise ValueError(f"src {src} is not a rank of a world of {self.world_size}")
         view = view_of(tensor)
-        return self._run(_native.COLLECTIVE_BROADCAST, view, view, view.count, root=int(src), loss_budget=loss_budget,
-                         deadline=deadline, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
+        return self._run(collective, view, view, view.count, root=int(src), **call)
+
+    @_documented
+    @staging.stages(writes=("tensor",))
+    def scatter(self, tensor, src=0, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
+                direct_output=False, layout_salt=0, on_miss="raise"):
+        """Hand each rank its block of rank `src`'s tensor: block r (``shard_range(len(tensor), r)``)
+        of `src`'s tensor goes into block r of rank r's, in place; the rank's other blocks keep
+        their values.
+
+        Each block crosses the network once, from `src` to its rank, and no rank receives
+        another's (a broadcast moves every block to every rank). Lossy as broadcast: a chunk
+        that does not arrive keeps its old value; ``gather_fraction`` is the least share of its
+        own block any rank received.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            The same size and dtype on every rank; only read at `src`.
+        src : int, default 0
+            The rank whose blocks are sent.
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("scatter", tensor)``: on success, 1 for every chunk of this rank's
+            block that took `src`'s value, and for every chunk of the other blocks (not this
+            rank's to receive).
+        direct_output : bool, default False
+            As for broadcast.
+        layout_salt : int, default 0
+            As for all_gather: checked with the layout on every rank.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.scatter(pieces.reshape(-1), src=0, loss_budget=0.0)  # doctest: +SKIP
+        """
+        return self._from_root(_native.COLLECTIVE_SCATTER, tensor, src, loss_budget=loss_budget, deadline=deadline,
+                               algorithm="direct", chunk_mask=chunk_mask, copies=copies, direct_output=direct_output,
+                               layout_salt=layout_salt, on_miss=on_miss)
+
+    @_documented
+    @staging.stages(reads=("shard",), writes=("output",))
+    def gather(self, shard, output, dst=0, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
+               direct_output=False, layout_salt=0, on_miss="raise"):
+        """Gather every rank's shard into rank `dst`'s `output`, as all_gather does into every
+        rank's: rank r's shard goes to ``output[start:stop]`` of ``shard_range(len(output), r)``.
+        Elsewhere `output` takes only the rank's own shard.
+
+        Each shard crosses the network once, to `dst`; no other rank receives anything. Lossy as
+        all_gather: a chunk that does not arrive keeps what `output` held; ``gather_fraction`` is
+        the share of the shards that reached `dst`.
+
+        Parameters
+        ----------
+        shard : numpy.ndarray or torch.Tensor
+            This rank's shard.
+        output : numpy.ndarray or torch.Tensor
+            The full tensor, the same dtype, on every rank.
+        dst : int, default 0
+            The rank that gathers.
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("gather", output)``: on success, at `dst` 1 for every chunk of
+            `output` that is fresh; elsewhere all 1 (nothing is for it to receive).
+        direct_output : bool, default False
+            As for all_gather.
+        layout_salt : int, default 0
+            As for all_gather: checked with the layout on every rank.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.gather(metrics, table, dst=0, loss_budget=0.0)  # doctest: +SKIP
+        """
+        if not 0 <= int(dst) < self.world_size:
+            raise ValueError(f"dst {dst} is not a rank of a world of {self.world_size}")
+        source, target = view_of(shard), view_of(output)
+        start, stop = self.shard_range(target.count)
+        self._check_pair(target, source, stop - start, "shard", "this rank's shard of output")
+        return self._run(_native.COLLECTIVE_GATHER, source, target, target.count, root=int(dst), loss_budget=loss_budget,
+                         deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
                          direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
 
     @_documented
@@ -725,7 +814,8 @@ class Communicator:
             # a broadcast's root is only read: marked written, autograd refused the backward of a
             # graph that saved it (a pipeline stage's output, sent by send)
             if target is not None and collective != _native.COLLECTIVE_AGREE and not (
-                    collective == _native.COLLECTIVE_BROADCAST and root == self.rank and source is target):
+                    collective in (_native.COLLECTIVE_BROADCAST, _native.COLLECTIVE_SCATTER) and root == self.rank
+                    and source is target):
                 target.written()
             if not stats.deadline_expired and nbytes:
                 self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s - stats.output_s)  # not a late rank, not the copy out

@@ -435,33 +435,116 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
     return stats
 
 
+@staging.stages(reads=("tensor",), overwrites=("output",), refusing=_staging_in_step)
+@_without_autograd
+def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="scatter"):
+    """Block r of rank `src`'s `tensor` (world_size blocks of equal bytes, any dtype; only read,
+    and only at `src`: others may pass None) becomes rank r's `output` (one block's bytes),
+    exactly. Each block crosses the network once, from `src` to its rank
+    (``Communicator.scatter``); a call that left a chunk missing anywhere is repeated whole,
+    keeping what arrived, until every rank holds its block (agreed). `collective`: what the
+    caller's call is, checked across ranks with `src` and the block's bytes (LayoutMismatch
+    where they differ). `output` is written only on success. Returns the stats of each call."""
+    import torch
+
+    n = comm.world_size
+    with _refused_in_step(comm, deadline):
+        target = _as_torch(output, writes=True)
+        block_bytes = target.nbytes
+        if comm.rank == src:
+            source = _as_torch(tensor)
+            if source.nbytes != n * block_bytes:
+                raise ValueError(f"scatter needs {n} blocks of the output's {block_bytes} bytes at the root, "
+                                 f"got {source.nbytes} bytes")
+            words, _ = as_words(source)
+    salt = _salt(collective, src, block_bytes)
+    width = -(-block_bytes // 4)  # a block as whole 32-bit words, padded where it is not
+    with _borrowed(comm, n * width) as blocks:
+        rows = blocks.view(torch.uint8).view(n, 4 * width)
+        if comm.rank == src:
+            rows[:, :block_bytes].copy_(words.view(torch.uint8)[:n * block_bytes].view(n, block_bytes))
+            rows[:, block_bytes:].zero_()  # a kept buffer's earlier contents are not the peers' to read
+
+        def attempt(mask, copies):
+            return comm.scatter(blocks, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
+                                direct_output=True, layout_salt=salt)  # blocks is ours
+
+        stats = _whole_until_held(comm, "scatter", attempt, blocks, attempts, deadline)
+        out_words, copy_back = as_words(target, writes=True)
+        out_words.view(torch.uint8)[:block_bytes].copy_(rows[comm.rank, :block_bytes])
+    copy_back()
+    return stats
+
+
+@staging.stages(reads=("shard",), overwrites=("output",), refusing=_staging_in_step)
+@_without_autograd
+def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="gather"):
+    """Every rank's shard (any dtype, the same bytes everywhere) into rank `dst`'s `output`, rank
+    r's at [r * len(shard), (r + 1) * len(shard)), exactly; elsewhere `output` is not read or
+    written and may be None. Each shard crosses the network once, to `dst`
+    (``Communicator.gather``); a call that left a chunk missing is repeated whole, keeping what
+    arrived, until `dst` holds every shard (agreed). `collective`: what the caller's call is,
+    checked across ranks with `dst` and the shard's bytes. Returns the stats of each call."""
+    import torch
+
+    n = comm.world_size
+    with _refused_in_step(comm, deadline):
+        words, _ = as_words(shard)
+        shard_bytes = _as_torch(shard).nbytes
+        if comm.rank == dst:
+            output_bytes = _as_torch(output, writes=True).nbytes
+            if output_bytes < n * shard_bytes:
+                raise ValueError(f"output holds {output_bytes} bytes, {n} shards need {n * shard_bytes}")
+    salt = _salt(collective, dst, shard_bytes)
+    width = words.numel()
+    with _borrowed(comm, n * width) as gathered:
+        def attempt(mask, copies):
+            return comm.gather(words, gathered, dst, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
+                               direct_output=True, layout_salt=salt)  # gathered is ours
+
+        stats = _whole_until_held(comm, "gather", attempt, gathered, attempts, deadline)
+        if comm.rank == dst:
+            target, copy_back = as_words(output, writes=True)
+            rows = gathered.view(torch.uint8).view(n, 4 * width)[:, :shard_bytes]
+            target.view(torch.uint8)[:n * shard_bytes].copy_(rows.reshape(-1))
+            copy_back()
+    return stats
+
+
+def _whole_until_held(comm, collective, attempt, target, attempts, deadline):
+    """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
+    every chunk of its result (agreed), each call keeping what earlier ones delivered. A call of
+    at most SMALL_CALL_BYTES and fewer than REPAIR_MIN_CHUNKS chunks goes out in
+    SMALL_CALL_COPIES copies. Returns the stats of each call."""
+    held = comm.chunk_mask(collective, target)
+    copies = SMALL_CALL_COPIES if held.size < REPAIR_MIN_CHUNKS and target.nbytes <= SMALL_CALL_BYTES else 1
+    calls = [attempt(held, copies)]
+    if calls[0].gather_fraction >= 1.0:  # agreed: every rank's least
+        return calls
+    held = held.astype(bool)
+    for _ in range(attempts - 1):
+        if not comm.agree(not held.all(), deadline=deadline):
+            return calls
+        mask = comm.chunk_mask(collective, target)
+        calls.append(attempt(mask, copies))
+        held |= mask.astype(bool)
+    if not comm.agree(not held.all(), deadline=deadline):
+        return calls
+    raise LossBudgetExceeded(f"rank {comm.rank}: exact {collective} still incomplete after {attempts} attempts", calls[-1])
+
+
 def _pieces_exactly(comm, attempt, source, target, attempts, deadline):
     """all_to_all of int32 `source` into `target` until every rank holds every piece: a call with
     a chunk mask, then repairs (or, below REPAIR_MIN_CHUNKS, whole calls again until no rank lacks
     a chunk, agreed). Unlike a broadcast's, every rank's result differs: completeness is read
     from the masks, never from comparing copies."""
     held = comm.chunk_mask("all_to_all", target)
-    if target.numel() == 0:  # nothing to move, but the call still pairs with the others'
-        return [attempt(held, 1)]
-    small = held.size < REPAIR_MIN_CHUNKS
-    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
-    first = attempt(held, copies)
+    if held.size < REPAIR_MIN_CHUNKS:
+        return _whole_until_held(comm, "all_to_all", attempt, target, attempts, deadline)
+    first = attempt(held, 1)
     if first.gather_fraction >= 1.0:
         return [first]
-    calls = [first]
-    held = held.astype(bool)
-    for _ in range(attempts - 1):
-        if small:  # repeat whole; a chunk that came before keeps its value where this call's does not come
-            if not comm.agree(not held.all(), deadline=deadline):
-                return calls
-            mask = comm.chunk_mask("all_to_all", target)
-            calls.append(attempt(mask, copies))
-            held |= mask.astype(bool)
-        else:
-            return calls + _repair_pieces(comm, source, target, held, first, attempts - 1, deadline)
-    if small and not comm.agree(not held.all(), deadline=deadline):
-        return calls
-    raise LossBudgetExceeded(f"rank {comm.rank}: exact all_to_all still incomplete after {attempts} attempts", calls[-1])
+    return [first] + _repair_pieces(comm, source, target, held.astype(bool), first, attempts - 1, deadline)
 
 
 def _repair_pieces(comm, source, target, held, first, attempts, deadline):

@@ -382,9 +382,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
 
     def _gather_into_lists(self, what, output_lists, input_tensors, root=None, result=None):
-        """all_gather (root None: every rank's lists) or gather (only the root's lists; the other
-        ranks take part in the same exact all-gather and keep nothing); output_lists[input][rank].
-        `result`: what the Work's future carries, if not the outputs in that order."""
+        """all_gather (root None: every rank's lists) or gather (only the root's lists: an exact
+        gather, each shard sent once, to the root); output_lists[input][rank]. `result`: what the
+        Work's future carries, if not the outputs in that order."""
         keeps = root is None or self.rank() == root
         with self._refusing():
             _check_tensors(what, list(input_tensors) + [t for outputs in (output_lists if keeps else ()) for t in outputs])
@@ -398,8 +398,13 @@ class ProcessGroupUD(dist.ProcessGroup):
 
         def run():
             for index, shard in enumerate(staged.hosts(list(input_tensors))):
-                gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype)
-                self._gather_one(gathered, shard, _claim(what if root is None else (what, root), index, input_tensors))
+                gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype) if keeps else None
+                if root is None:
+                    self._gather_one(gathered, shard, _claim(what, index, input_tensors))
+                else:
+                    self.exact_calls += 1
+                    exact.gather(self.communicator, shard.contiguous(), gathered, root, deadline=self.config.deadline,
+                                 collective=_claim(what, index, input_tensors))
                 for rank, output in enumerate(staged.hosts(list(output_lists[index])) if keeps else ()):
                     output.copy_(gathered[rank].view(output.shape))
         if result is None:
@@ -506,7 +511,7 @@ class ProcessGroupUD(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [], inline=True)
 
-    # -- built from the exact collectives (composite.py: exact, but not economical) ------
+    # -- built from the exact collectives (composite.py) ------
 
     def reduce(self, tensors, opts=None):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)

@@ -1,13 +1,9 @@
 """The collectives c10d asks for that the engine has no schedule of its own for, built from the
-exact ones: reduce (an exact allreduce whose result only the root keeps) and scatter (an exact
-broadcast of every rank's piece, each keeping its own). gather is the backend's all_gather with
-outputs on the root only. all-to-all rides the engine's own all_to_all (each piece sent once,
-straight to its receiver) after an exchange of the split sizes, pieces of uneven sizes padded to
-the largest.
-
-Exact and correct, not economical where a root is involved: every rank receives what only the
-root (gather) or only its addressee (scatter) needs. Right for metrics, metadata and the object
-collectives built on these.
+exact ones: reduce (an exact allreduce whose result only the root keeps), scatter (the exact
+scatter: each piece sent once, from the root to its rank), all-to-all on the engine's own
+all_to_all (each piece sent once, straight to its receiver) after an exchange of the split
+sizes, pieces of uneven sizes padded to the largest; and sparse allreduce. gather is the
+backend's, an exact gather (each shard sent once, to the root).
 
 Each function runs on the backend's worker and is called on every rank of the group alike.
 """
@@ -55,14 +51,11 @@ def sparse_allreduce(comm, tensor, deadline, collective):
 
 
 def scatter(comm, output, pieces, root, deadline, collective="scatter"):
-    """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors).
-    `collective` is checked across ranks: a broadcast of as many bytes elsewhere is LayoutMismatch."""
-    if comm.rank == root:
-        stacked = torch.stack([piece.reshape(-1) for piece in pieces])
-    else:
-        stacked = torch.empty((comm.world_size, output.numel()), dtype=output.dtype)
-    exact.broadcast(comm, stacked, root, deadline=deadline, collective=collective)
-    output.copy_(stacked[comm.rank].view(output.shape))
+    """output gets the root's pieces[rank] (pieces: the root's list of world_size tensors), each
+    piece sent once. `collective` is checked across ranks: a broadcast of as many bytes elsewhere
+    is LayoutMismatch."""
+    stacked = torch.stack([piece.reshape(-1) for piece in pieces]) if comm.rank == root else None
+    exact.scatter(comm, stacked, output, root, deadline=deadline, collective=collective)  # as_words writes it back
 
 
 def check_scatter_pieces(pieces, output, world_size):

@@ -1,0 +1,115 @@
+"""scatter and gather (issue 41): each piece crosses the network once, between the root and its
+rank, where a scatter built on a broadcast moved every piece to every rank. Exact without loss;
+under loss a chunk that does not arrive keeps the old value bit for bit and the chunk mask names
+it, a rank's fraction is of its own result only, and ud_transport.exact.scatter / gather repeat
+until every rank holds its result."""
+import numpy as np
+import pytest
+
+import scatter_gather_tasks as tasks
+import ud_transport
+from conftest import get_cluster
+
+CHUNK_BYTES = 24  # 6 float32 a chunk; shares its clusters with test_collectives and test_all_to_all
+
+
+def _chunks(block, chunk_bytes=CHUNK_BYTES):
+    return -(-block * 4 // chunk_bytes)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_without_loss_each_rank_gets_its_piece_and_receives_nothing_else(world):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    for block in (0, 1, 7, 333):
+        for root in sorted({0, world - 1}):
+            old = np.float32(-1.0)
+            for rank, [(tensor, mask, stats)] in enumerate(cluster.run(tasks.scatters, block, root, 1, 0.0)):
+                want = np.full(world * block, old)
+                for q in range(world):
+                    if q == rank or rank == root:
+                        want[q * block:(q + 1) * block] = tasks.block_values(root, q, block)
+                np.testing.assert_array_equal(tensor, want, err_msg=f"scatter rank {rank} block {block} root {root}")
+                assert stats.collective == "scatter" and stats.gather_fraction == 1.0 and mask.all()
+                assert stats.datagrams_received == (0 if rank == root else _chunks(block)), (rank, stats)
+                assert stats.payload_bytes_sent == ((world - 1) * block * 4 if rank == root else 0), (rank, stats)
+            for rank, [(output, mask, stats, kept)] in enumerate(cluster.run(tasks.gathers, block, root, 1, 0.0)):
+                want = np.full(world * block, old)
+                for q in range(world):
+                    if q == rank or rank == root:
+                        want[q * block:(q + 1) * block] = tasks.block_values(q, root, block)
+                np.testing.assert_array_equal(output, want, err_msg=f"gather rank {rank} block {block} root {root}")
+                assert kept and stats.collective == "gather" and stats.gather_fraction == 1.0 and mask.all()
+                assert stats.datagrams_received == ((world - 1) * _chunks(block) if rank == root else 0), (rank, stats)
+                assert stats.payload_bytes_sent == (0 if rank == root else block * 4), (rank, stats)
+
+
+def _check_chunks(values, mask, ranges, fresh_values, old, wanted, where):
+    """Chunk by chunk: fresh (mask 1) where wanted holds the new value, stale (0) the old one;
+    outside `wanted` (elements) the mask is 1 and the value is `outside`."""
+    for fresh, (first, stop) in zip(mask, ranges):
+        if wanted[first]:
+            expect = fresh_values[first:stop] if fresh else np.full(stop - first, old)
+            np.testing.assert_array_equal(values[first:stop], expect, err_msg=f"{where}, chunk at {first}")
+        else:
+            assert fresh, f"{where}: a chunk outside this rank's result is marked missing"
+
+
+def test_lost_chunks_keep_the_old_value_and_the_fractions_are_of_each_rank_s_own_result():
+    world, block, calls, root = 4, 125, 20, 2
+    cluster = get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(0.1, seed=5))
+    ranges = cluster.run(tasks.chunk_ranges_of, world * block)[0]
+    stale_seen = 0
+    for name, task in (("scatter", tasks.scatters), ("gather", tasks.gathers)):
+        per_rank = cluster.run(task, block, root, calls, 1.0)
+        for call in range(calls):
+            old = np.float32(-1.0 - call)
+            least = min(row[call][2].own_gather_fraction for row in per_rank)
+            for rank in range(world):
+                values, mask, stats = per_rank[rank][call][:3]
+                if name == "scatter":
+                    sent = np.concatenate([tasks.block_values(root, q, block, call) for q in range(world)])
+                    wanted = np.zeros(world * block, bool)
+                    wanted[rank * block:(rank + 1) * block] = rank != root
+                    held = np.arange(world * block) // block == rank if rank != root else np.ones(world * block, bool)
+                else:
+                    sent = np.concatenate([tasks.block_values(q, root, block, call) for q in range(world)])
+                    wanted = np.full(world * block, rank == root)
+                    wanted[rank * block:(rank + 1) * block] = False  # its own shard never travels
+                    held = np.arange(world * block) // block == rank if rank != root else np.ones(world * block, bool)
+                _check_chunks(values, mask, ranges, sent, old, wanted, f"{name} call {call} rank {rank}")
+                outside = ~held
+                np.testing.assert_array_equal(values[outside], np.full(int(outside.sum()), old))  # nothing for it
+                share = float((values[held] == sent[held]).mean())
+                # the fraction is of this rank's own result (a scatter's block, a gather's at its root),
+                # rounded down to the tensor's elements; the agreed one is the least of them
+                assert share - 1.0 / (world * block) < stats.own_gather_fraction <= share
+                assert stats.gather_fraction == least and int((mask == 0).sum()) == stats.chunks_stale
+                stale_seen += stats.chunks_stale
+            assert all(row[call][3] for row in per_rank) if name == "gather" else True  # shards unchanged
+    assert stale_seen > 0, "10% loss must leave some chunks stale"
+
+
+@pytest.mark.parametrize("loss, nbytes, dtype", [
+    (0.0, 20000, "float32"), (0.05, 5, "uint8"), (0.05, 1002, "float16"), (0.05, 20000, "float32"), (0.2, 4000, "int64"),
+])
+def test_exact_scatter_and_gather_deliver_everything_and_send_each_piece_once(loss, nbytes, dtype):
+    world = 4
+    options = {"inject": ud_transport.Bernoulli(loss, seed=9)} if loss else {}
+    cluster = get_cluster(world, chunk_bytes=64, **options)
+    per_rank = cluster.run(tasks.exact_rounds, nbytes, dtype, 3)
+    for rank, outcome in enumerate(per_rank):
+        for call, (right, scatter_calls, gather_calls, scatter_bytes, gather_bytes) in enumerate(outcome):
+            assert right, f"rank {rank} call {call}"
+            if not loss:  # one call each, every piece once: the root's scatter and the others' gathers
+                padded = -(-nbytes // 4) * 4
+                assert scatter_calls == gather_calls == 1
+                assert scatter_bytes == ((world - 1) * padded if rank == 0 else 0), (rank, scatter_bytes)
+                assert gather_bytes == (0 if rank == world - 1 else padded), (rank, gather_bytes)
+
+
+def test_calls_that_differ_across_ranks_mismatch_everywhere_and_keep_the_tensor():
+    assert get_cluster(3, chunk_bytes=CHUNK_BYTES).run(tasks.mismatches) == [[], [], []]
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent():
+    assert get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors) == [[], []]
