@@ -48,7 +48,8 @@ def chunk_ranges_of(comm, count):
 
 def exact_rounds(comm, nbytes, dtype_name, calls):
     """exact.scatter from rank 0, then exact.gather to the last rank, `calls` times: per call
-    whether each result is right, and the engine calls each took."""
+    whether each result is right, and the payload bytes this rank sent in each engine call of
+    the scatter and of the gather (the first call, then repeats or repairs)."""
     dtype = getattr(torch, dtype_name)
     n, r = comm.world_size, comm.rank
     count = nbytes // dtype.itemsize
@@ -63,8 +64,7 @@ def exact_rounds(comm, nbytes, dtype_name, calls):
         table = torch.full((n * count,), 7).to(dtype) if r == n - 1 else None
         gathered = exact.gather(comm, piece(r), table, n - 1)
         right = torch.equal(received, piece(r)) and (table is None or torch.equal(table, torch.cat([piece(q) for q in range(n)])))
-        outcome.append((right, len(scattered), len(gathered), sum(s.payload_bytes_sent for s in scattered),
-                        sum(s.payload_bytes_sent for s in gathered)))
+        outcome.append((right, [s.payload_bytes_sent for s in scattered], [s.payload_bytes_sent for s in gathered]))
     return outcome
 
 

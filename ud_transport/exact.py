@@ -469,7 +469,9 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
             return comm.scatter(blocks, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                 direct_output=True, layout_salt=salt)  # blocks is ours
 
-        stats = _whole_until_held(comm, "scatter", attempt, blocks, attempts, deadline)
+        stats = _until_held(comm, "scatter", attempt, blocks, attempts, deadline,
+                            repair=lambda held, first: _repair_rooted(comm, "scatter", blocks, held, first, attempts - 1,
+                                                                      deadline, src))
         out_words, copy_back = as_words(target, writes=True)
         out_words.view(torch.uint8)[:block_bytes].copy_(rows[comm.rank, :block_bytes])
     copy_back()
@@ -502,7 +504,9 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
             return comm.gather(words, gathered, dst, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                direct_output=True, layout_salt=salt)  # gathered is ours
 
-        stats = _whole_until_held(comm, "gather", attempt, gathered, attempts, deadline)
+        stats = _until_held(comm, "gather", attempt, gathered, attempts, deadline,
+                            repair=lambda held, first: _repair_rooted(comm, "gather", gathered, held, first, attempts - 1,
+                                                                      deadline, dst))
         if comm.rank == dst:
             target, copy_back = as_words(output, writes=True)
             rows = gathered.view(torch.uint8).view(n, 4 * width)[:, :shard_bytes]
@@ -511,17 +515,22 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     return stats
 
 
-def _whole_until_held(comm, collective, attempt, target, attempts, deadline):
+def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
-    every chunk of its result (agreed), each call keeping what earlier ones delivered. A call of
-    at most SMALL_CALL_BYTES and fewer than REPAIR_MIN_CHUNKS chunks goes out in
-    SMALL_CALL_COPIES copies. Returns the stats of each call."""
+    every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
+    more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
+    without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
+    out in SMALL_CALL_COPIES copies when it is at most SMALL_CALL_BYTES. Returns the stats of
+    each call."""
     held = comm.chunk_mask(collective, target)
-    copies = SMALL_CALL_COPIES if held.size < REPAIR_MIN_CHUNKS and target.nbytes <= SMALL_CALL_BYTES else 1
+    small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
+    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
     calls = [attempt(held, copies)]
     if calls[0].gather_fraction >= 1.0:  # agreed: every rank's least
         return calls
     held = held.astype(bool)
+    if not small and repair is not None:
+        return calls + repair(held, calls[0])
     for _ in range(attempts - 1):
         if not comm.agree(not held.all(), deadline=deadline):
             return calls
@@ -533,18 +542,64 @@ def _whole_until_held(comm, collective, attempt, target, attempts, deadline):
     raise LossBudgetExceeded(f"rank {comm.rank}: exact {collective} still incomplete after {attempts} attempts", calls[-1])
 
 
+def _repair_rooted(comm, collective, target, held, first, attempts, deadline, root):
+    """Fill the chunks of int32 `target` a scatter from `root` or a gather to it left missing:
+    every rank's mask gathered exactly, then row b of a small call of the same kind carries the
+    chunks of block b that block b's receiver (a scatter's rank b, a gather's root) lacks, sent
+    by block b's holder (the root, or rank b), every row padded to the most any row lacks."""
+    import numpy as np
+    import torch
+
+    n, me = comm.world_size, comm.rank
+    scatter = collective == "scatter"
+    starts, stops = comm.chunk_bounds(target.numel(), "int32")
+    step = comm.chunk_elements("int32")
+    per_block = held.size // n  # equal blocks: target holds n of one width
+    calls = []
+    loss = min(0.5, 1.0 - first.gather_fraction)
+    for _ in range(attempts):
+        lacked = _lacked_everywhere(comm, held, attempts, deadline)  # rank, chunk
+        if not lacked.any():
+            return calls
+        chunk_of = [np.flatnonzero(lacked[b if scatter else root, b * per_block:(b + 1) * per_block]) + b * per_block
+                    for b in range(n)]
+        slots = max(chunks.size for chunks in chunk_of)
+        slot_of = [b * slots + np.arange(chunks.size) for b, chunks in enumerate(chunk_of)]
+        sends = [b for b in range(n) if (root if scatter else b) == me and chunk_of[b].size]
+        takes = [b for b in range(n) if (b if scatter else root) == me and (root if scatter else b) != me]
+        repair = torch.zeros(n * slots * step, dtype=torch.int32)
+        if sends:
+            into, out_of = _element_pairs(starts, stops, np.concatenate([chunk_of[b] for b in sends]),
+                                          np.concatenate([slot_of[b] for b in sends]), step)
+            repair[into] = target[out_of]
+        arrived = comm.chunk_mask(collective, repair)
+        copies = _repair_copies(loss, n * slots, sum(chunks.size for chunks in chunk_of), held.size)
+        if scatter:
+            calls.append(comm.scatter(repair, root, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
+                                      copies=copies, direct_output=True))
+        else:
+            own = repair[me * slots * step:(me + 1) * slots * step].clone()  # a gather's input lies apart from its output
+            calls.append(comm.gather(own, repair, root, loss_budget=1.0, deadline=deadline, chunk_mask=arrived,
+                                     copies=copies, direct_output=True))
+        for b in takes:
+            taken = arrived[slot_of[b]].astype(bool)
+            out_of, into = _element_pairs(starts, stops, chunk_of[b][taken], slot_of[b][taken], step)
+            target[into] = repair[out_of]
+            held[chunk_of[b][taken]] = True
+        if calls[-1].gather_fraction >= 1.0:  # every row arrived whole: no mask needs gathering again
+            return calls
+    raise LossBudgetExceeded(f"rank {me}: exact {collective} still incomplete after {attempts} repairs",
+                             calls[-1] if calls else first)
+
+
 def _pieces_exactly(comm, attempt, source, target, attempts, deadline):
     """all_to_all of int32 `source` into `target` until every rank holds every piece: a call with
     a chunk mask, then repairs (or, below REPAIR_MIN_CHUNKS, whole calls again until no rank lacks
     a chunk, agreed). Unlike a broadcast's, every rank's result differs: completeness is read
     from the masks, never from comparing copies."""
-    held = comm.chunk_mask("all_to_all", target)
-    if held.size < REPAIR_MIN_CHUNKS:
-        return _whole_until_held(comm, "all_to_all", attempt, target, attempts, deadline)
-    first = attempt(held, 1)
-    if first.gather_fraction >= 1.0:
-        return [first]
-    return [first] + _repair_pieces(comm, source, target, held.astype(bool), first, attempts - 1, deadline)
+    return _until_held(comm, "all_to_all", attempt, target, attempts, deadline,
+                       repair=lambda held, first: _repair_pieces(comm, source, target, held, first, attempts - 1,
+                                                                 deadline))
 
 
 def _repair_pieces(comm, source, target, held, first, attempts, deadline):
