@@ -132,7 +132,8 @@ static void scatter_from_root(struct builder *b, uint32_t root)
 
 /* Gather, N-1 rounds: in round k rank root+k sends its block to the root,
  * which takes it; each piece crosses the network once and only the root
- * receives (the stagger spreads the senders over the root's credit). */
+ * receives. The root grants its credit window step by step, so senders of
+ * blocks larger than the window go roughly one after another. */
 static void gather_to_root(struct builder *b, uint32_t root)
 {
     uint32_t distance = wrap((int64_t)b->rank - root, b->n);

@@ -83,12 +83,17 @@ def mismatches(comm):
         "gathers to other roots": lambda t: comm.gather(t[:4], np.zeros(4 * n, np.float32), dst=0 if r == 0 else 1,
                                                         loss_budget=0.0, deadline=10.0),
     }
+    # refused on one rank alone (no output there): it still starts a round, so the others' call ends
+    cases["exact scatter refused on rank 1"] = lambda t: exact.scatter(
+        comm, t if r == 0 else None, None if r == 1 else np.zeros(4, np.float32), 0, deadline=10.0)
     for name, call in cases.items():
         tensor = np.full(4 * n, float(r + 1), np.float32)
         try:
             call(tensor)
             wrong.append(f"{name}: no error")
-        except LayoutMismatch:
+        except (LayoutMismatch, TypeError) as error:
+            if isinstance(error, TypeError) != (name.endswith("rank 1") and r == 1):
+                wrong.append(f"{name}: {type(error).__name__}: {error}")
             if not np.array_equal(tensor, np.full(4 * n, float(r + 1), np.float32)):
                 wrong.append(f"{name}: the tensor changed")
         pair = np.full(n, float(r), np.float32)

@@ -637,6 +637,22 @@ def test_a_failed_call_leaves_the_device_tensor_as_it_was(device, pair):
     assert not device.entries("wait", "caller")
 
 
+def test_exact_gather_and_scatter_of_device_tensors(device, pair):
+    """exact.gather to rank 1 with an output on both ranks: rank 0's keeps its values (its old
+    values are staged, so the copy back writes them; staged as an output written whole, the twin's
+    unfilled memory was copied over it); exact.scatter from rank 0 hands each rank its piece."""
+    shards = [device.device_tensor(torch.full((4,), float(rank + 1)), f"shard{rank}") for rank in range(2)]
+    outputs = [device.device_tensor(torch.full((8,), -7.0), f"output{rank}") for rank in range(2)]
+    _raised(_both(lambda rank: exact.gather(pair[rank], shards[rank], outputs[rank], 1, deadline=10)))
+    assert torch.equal(outputs[1], torch.tensor([1.0] * 4 + [2.0] * 4))
+    assert torch.equal(outputs[0], torch.full((8,), -7.0)) and device.entries("to host", "output0")
+    pieces = device.device_tensor(torch.arange(6.0), "pieces")
+    received = [device.device_tensor(torch.full((3,), -1.0), f"received{rank}") for rank in range(2)]
+    _raised(_both(lambda rank: exact.scatter(pair[rank], pieces if rank == 0 else None, received[rank], 0, deadline=10)))
+    assert torch.equal(received[0], torch.arange(3.0)) and torch.equal(received[1], torch.arange(3.0, 6.0))
+    assert not device.entries("to device", "pieces")
+
+
 @pytest.mark.parametrize("op, want", [("sum", lambda a, b: a + b), ("max", torch.maximum)])
 def test_the_exact_allreduce_of_device_tensors(device, pair, op, want):
     """ud_transport.exact.allreduce of int64 stand-in device tensors: the exact result on both

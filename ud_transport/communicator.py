@@ -1,4 +1,5 @@
 """A Communicator: one rank's handle on a group of ranks."""
+import inspect
 import itertools
 import logging
 import os
@@ -43,9 +44,7 @@ _CALL_PARAMETERS = """loss_budget : float in [0, 1], optional
             Seconds the data phase may last, counted from when every rank is in the call. None
             adapts: 4x what recent calls of this size took, between 1 s and
             ``Options.deadline_cap_s``.
-        algorithm : {"auto", "ring", "direct"}, optional
-            The schedule; None takes ``Options.algorithm``. Every rank must pass the same.
-        copies : int, optional
+        {algorithm}copies : int, optional
             Times each data datagram is sent, 1 to 4 (None takes ``Options.copies``, 1): the
             copies follow each step, so a chunk is lost only if every copy is (i.i.d. loss p
             becomes p**copies) for copies times the bytes. Redundancy, not retransmission:
@@ -79,8 +78,17 @@ _CALL_RAISES = """Returns
         Every rank raises the same error, and the caller's tensors keep their values on any error."""
 
 
+_ALGORITHM_PARAMETER = """algorithm : {"auto", "ring", "direct"}, optional
+            The schedule; None takes ``Options.algorithm``. Every rank must pass the same.
+        """
+
+
 def _documented(method):
-    method.__doc__ = method.__doc__.replace("{call_parameters}", _CALL_PARAMETERS).replace("{call_raises}", _CALL_RAISES)
+    """Fill in the parameters and returns every collective shares (`algorithm` only where the
+    method takes one: all_to_all, scatter and gather have one schedule)."""
+    takes_algorithm = "algorithm" in inspect.signature(method).parameters
+    parameters = _CALL_PARAMETERS.replace("{algorithm}", _ALGORITHM_PARAMETER if takes_algorithm else "")
+    method.__doc__ = method.__doc__.replace("{call_parameters}", parameters).replace("{call_raises}", _CALL_RAISES)
     return method
 
 

@@ -147,6 +147,8 @@ def _as_torch(tensor, writes=False):
 
     if isinstance(tensor, torch.Tensor):
         return tensor
+    if not hasattr(tensor, "__array_interface__"):  # a TypeError keeps a refused call in step (_refused_in_step)
+        raise TypeError(f"expected a numpy array or a torch tensor, got {type(tensor).__name__}")
     if writes:
         tensors.refuse_read_only(tensor)
     return torch.from_numpy(tensor)
@@ -441,8 +443,9 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
     """Block r of rank `src`'s `tensor` (world_size blocks of equal bytes, any dtype; only read,
     and only at `src`: others may pass None) becomes rank r's `output` (one block's bytes),
     exactly. Each block crosses the network once, from `src` to its rank
-    (``Communicator.scatter``); a call that left a chunk missing anywhere is repeated whole,
-    keeping what arrived, until every rank holds its block (agreed). `collective`: what the
+    (``Communicator.scatter``); what a call left missing is sent again (a mask exchange and a
+    small scatter of the missing chunks; below REPAIR_MIN_CHUNKS the call is repeated whole,
+    keeping what arrived) until every rank holds its block (agreed). `collective`: what the
     caller's call is, checked across ranks with `src` and the block's bytes (LayoutMismatch
     where they differ). `output` is written only on success. Returns the stats of each call."""
     import torch
@@ -478,14 +481,14 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
     return stats
 
 
-@staging.stages(reads=("shard",), overwrites=("output",), refusing=_staging_in_step)
+@staging.stages(reads=("shard",), writes=("output",), refusing=_staging_in_step)  # off the root, it keeps its values
 @_without_autograd
 def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="gather"):
     """Every rank's shard (any dtype, the same bytes everywhere) into rank `dst`'s `output`, rank
-    r's at [r * len(shard), (r + 1) * len(shard)), exactly; elsewhere `output` is not read or
-    written and may be None. Each shard crosses the network once, to `dst`
-    (``Communicator.gather``); a call that left a chunk missing is repeated whole, keeping what
-    arrived, until `dst` holds every shard (agreed). `collective`: what the caller's call is,
+    r's at [r * len(shard), (r + 1) * len(shard)), exactly; elsewhere `output` keeps its values
+    and may be None. Each shard crosses the network once, to `dst` (``Communicator.gather``);
+    what a call left missing is sent again as for ``scatter`` until `dst` holds every shard
+    (agreed). `collective`: what the caller's call is,
     checked across ranks with `dst` and the shard's bytes. Returns the stats of each call."""
     import torch
 

@@ -126,8 +126,8 @@ class CollectiveStats:
         Stripes whose own verdict was OK but that failed with the call because another stripe
         failed (the tensor is put back whole).
     collective : str
-        "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all" or "agree" (what
-        each is: ``ud_transport.collectives.FACTS``).
+        "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "scatter",
+        "gather" or "agree" (what each is: ``ud_transport.collectives.FACTS``).
     algorithm : str
         The schedule that ran: "ring" or "direct".
     transport : str
