@@ -16,12 +16,17 @@ batches. A step's time is its slowest rank's (a store barrier lines the ranks up
     python3 scripts/ddp_step_time.py --hosts veth --mtu 1500      # each rank in a namespace (root)
     python3 scripts/ddp_step_time.py --hosts veth --kernel-loss 0.01   # 1% of UDP and TCP packets dropped
     python3 scripts/ddp_step_time.py --fsdp      # also FSDP2 (fully_shard per layer) on Gloo and on "ud"
+    python3 scripts/ddp_step_time.py --two-stage # also the two-stage step (LossTolerantOptimizer) on "ud"
 
 With --kernel-loss, nftables drops that share of every UDP and TCP packet (the store's port
 excepted), so Gloo's TCP retransmits and "ud" estimates; the "ud" arms then end on parameters
 near Gloo's rather than equal, and "delivered" is the mean share of the gradients that arrived.
 FSDP2 gathers parameters with all-gathers, which the "ud" backend makes exact (ud_transport.exact):
-under loss those are what its FSDP arm pays for.
+under loss those are what its FSDP arm pays for. The two-stage arm (--two-stage) trains the plain
+model with ud_transport.torch.LossTolerantOptimizer over a "ud" group of one stripe (copies
+"auto", the default budget): a lossy reduce-scatter of the gradients, the inner SGD step on this
+rank's shard, a lossy all-gather of the parameters; its ratios are to DDP on Gloo, and it ends
+near Gloo's parameters (another summation order), not on them.
 """
 import argparse
 import os
@@ -63,6 +68,11 @@ def arms_on_rank(comm, config):
         stripes = None
         if name.startswith("fsdp-"):
             arms[name] = fully_sharded(model, name, torch, dist, udt)
+            continue
+        if name == "two-stage":
+            group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(communicator={"stripes": 1}))
+            optimizer = udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), communicator=group)
+            arms[name] = (model, optimizer, group.communicator.stripes, optimizer)  # its counters: what arrived
             continue
         if name == "gloo":
             model = DDP(model, process_group=None)
@@ -166,10 +176,11 @@ def main():
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--fsdp", action="store_true", help="add FSDP2 arms on Gloo and on \"ud\" (1 stripe)")
+    parser.add_argument("--two-stage", action="store_true", help="add the two-stage step on \"ud\" (1 stripe)")
     args = parser.parse_args()
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
                   arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()]
-                  + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []))
+                  + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []) + (["two-stage"] if args.two_stage else []))
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# ddp_step_time: skipped: {reason}")
