@@ -146,8 +146,9 @@ def report(per_rank, config, where):
           f"{config['threads']} torch thread{'s' if config['threads'] > 1 else ''} per rank on {os.cpu_count()} CPUs; "
           f"{config['steps']} steps (+{config['warmup']} warm-up), arms taking turns; time per step = slowest rank"
           + ("; fsdp-ud's ratios are to fsdp-gloo" if "fsdp-ud" in names else ""))
-    print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | delivered | max parameter difference from Gloo |")
-    print("|---|---|---|---|---|---|---|")
+    print("| arm | stripes | step p50 / p99 ms | over compute p50 ms | / Gloo p50, p99 | delivered | max parameter difference from Gloo "
+          "| all steps s (/ Gloo) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         p50, p99 = np.percentile(slowest[name], 50), np.percentile(slowest[name], 99)
         peer = slowest.get("fsdp-gloo") if name == "fsdp-ud" else gloo  # FSDP on "ud" against FSDP on Gloo
@@ -157,8 +158,11 @@ def report(per_rank, config, where):
         drift = max(rank["drift"][name] for rank in per_rank)
         delivered = (f"{min(rank['delivered'][name] for rank in per_rank):.4f}" if name in per_rank[0]["delivered"]
                      else "1 (reliable)" if name == "gloo" else "")
+        total = float(np.sum(slowest[name]))  # what a training run waits for: every step, its tail too
+        total_ratio = f" ({total / float(np.sum(peer)):.2f}x)" if peer is not None and name not in ("gloo", "fsdp-gloo") else ""
         print(f"| {name} | {stripes if stripes is not None else ''} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | "
-              f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {delivered} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} |")
+              f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {delivered} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} "
+              f"| {total:.2f}{total_ratio} |")
 
 
 def main():
