@@ -315,3 +315,50 @@ def hand_over_then_grow(cluster_comm, port, family):
     result = (before, shard_state(opt), opt.restarted_elements, _flat(model))
     comm.close()
     return result
+
+
+def die_in_the_parameter_gather(cluster_comm, port, family, world_size, victim, kill_at, steps):
+    """Ranks 0..world_size-1 train; `victim` is SIGKILLed as its step `kill_at` starts the
+    parameters' all-gather, after the gradients' reduce-scatter (which it took part in) and the
+    owners' inner step. The survivors' step fails there: `shards_stepped` must say so on every
+    one, and the step must stand after they shrink and regroup (each owner's updated shard
+    becomes everyone's parameters there), without being taken again.
+
+    Returns on a survivor the error, shards_stepped, the old shard's bounds, the parameters before
+    the failed step, its owner values after it, the parameters after the regroup and at the end."""
+    rank = cluster_comm.rank
+    model = _model()
+    comm = _communicator(rank, world_size, port, family)
+    opt = _optimizer(model, comm)
+    batches = _batches(100 + rank, steps)
+    step_now = [None]
+    if rank == victim:
+        gather = comm.all_gather
+
+        def dying(*arguments, **keywords):
+            if step_now[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return gather(*arguments, **keywords)
+        comm.all_gather = dying  # this communicator only: the optimizer calls it for the parameters
+    for step in range(kill_at + 1):
+        step_now[0] = step
+        before = _flat(model)
+        x, y = batches[step]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        try:
+            opt.step()
+        except ud_transport.PeerTimeout as error:
+            failed = {"step": step, "error": (type(error).__name__, error.rank), "shards_stepped": opt.shards_stepped,
+                      "shard": opt.shard, "before": before, "owned": opt.owner_values()}
+            break
+    else:
+        return {"error": None}
+    shrunk = comm.shrink([failed["error"][1]])
+    comm.close()
+    opt.regroup(shrunk)
+    after = _flat(model)
+    _, late_error, _ = _train(model, opt, _batches(200 + shrunk.rank, steps), steps,
+                              first_step=failed["step"] + opt.shards_stepped)
+    shrunk.close()
+    return dict(failed, regrouped=after, late_error=repr(late_error) if late_error else None, flat=_flat(model))

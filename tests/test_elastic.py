@@ -203,3 +203,24 @@ def test_handed_over_state_is_used_only_where_every_rank_holds_it(store_port):
     assert per_rank[2][1] and all(state for _, _, _, state in per_rank[2][1]), "the newcomer's shard has no state"
     for rank in (1, 2):
         assert torch.equal(per_rank[rank][3], per_rank[0][3]), f"rank {rank}: parameters differ"
+
+
+def test_a_death_in_the_parameters_all_gather_leaves_the_step_standing(store_port):
+    """The victim dies after the owners stepped, as the parameters' all-gather starts (issue 39):
+    every survivor's step fails with the same PeerTimeout and shards_stepped True; after the
+    shrink and regroup each survivor's updated shard is everyone's parameters there (the step
+    stands, it is not taken again) and training goes on alike."""
+    world, victim, kill_at, steps = 3, 1, 2, 5
+    by_rank = run_with_victims(world, [victim], elastic_tasks.die_in_the_parameter_gather, store_port,
+                               "elastic-gather-death", world, victim, kill_at, steps)
+    survivors = [rank for rank in range(world) if rank != victim]
+    for rank in survivors:
+        result = by_rank[rank]
+        assert (result["step"], result["error"], result["shards_stepped"]) == (kill_at, ("PeerTimeout", victim), True), \
+            f"rank {rank}: {result.get('error')}"
+        assert result["late_error"] is None, f"rank {rank}: {result['late_error']}"
+        assert torch.equal(result["regrouped"], by_rank[survivors[0]]["regrouped"]), f"rank {rank}: parameters differ"
+        assert torch.equal(result["flat"], by_rank[survivors[0]]["flat"]), f"rank {rank}: parameters differ at the end"
+        start, stop = result["shard"]
+        assert torch.equal(result["regrouped"][start:stop], result["owned"]), f"rank {rank}: its stepped shard was lost"
+        assert not torch.equal(result["owned"], result["before"][start:stop]), f"rank {rank}: the owners did not step"
