@@ -350,7 +350,8 @@ def die_in_the_parameter_gather(cluster_comm, port, family, world_size, victim, 
             opt.step()
         except ud_transport.PeerTimeout as error:
             failed = {"step": step, "error": (type(error).__name__, error.rank), "shards_stepped": opt.shards_stepped,
-                      "shard": opt.shard, "before": before, "owned": opt.owner_values()}
+                      "shard": opt.shard, "before": before, "owned": opt.owner_values(),
+                      "victim_shard": comm.shard_range(before.numel(), victim)}
             break
     else:
         return {"error": None}

@@ -28,4 +28,5 @@ def test_every_arm_runs_and_ud_ends_where_gloo_does():
     # the two-stage step: every gradient delivered, near Gloo's parameters (another summation order)
     assert rows["two-stage"][0] == "1" and rows["two-stage"][4] == "1.0000", rows["two-stage"]
     assert float(rows["two-stage"][-2]) < 1e-5, rows["two-stage"]
+    assert re.fullmatch(r"\d+\.\d+ \(\d+\.\d+x\)", rows["two-stage"][-1]), rows["two-stage"]
     assert "0.1 M parameters, 0.5 MiB of gradients" in result.stdout

@@ -224,3 +224,7 @@ def test_a_death_in_the_parameters_all_gather_leaves_the_step_standing(store_por
         start, stop = result["shard"]
         assert torch.equal(result["regrouped"][start:stop], result["owned"]), f"rank {rank}: its stepped shard was lost"
         assert not torch.equal(result["owned"], result["before"][start:stop]), f"rank {rank}: the owners did not step"
+    # the dead owner's range: new rank 0's replica, which its failed all-gather did not write (the step's values there died)
+    low, high = by_rank[survivors[0]]["victim_shard"]
+    first = by_rank[survivors[0]]
+    assert torch.equal(first["regrouped"][low:high], first["before"][low:high])
