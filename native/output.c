@@ -309,10 +309,12 @@ int udt_write_output(struct call *c)
     if (c->args.chunk_mask)
         write_chunk_mask(c);
     c->stats->chunks_stale = 0;
-    if (c->schedule.facts->gathers)
-        for (uint32_t block = 0; block < c->n; block++)
-            for (uint64_t id = c->geometry.chunk_base[block]; wants_block(c, block) && id < c->geometry.chunk_base[block + 1]; id++)
-                c->stats->chunks_stale += c->chunks.final_count[id] == 0;
+    for (uint32_t block = 0; c->schedule.facts->gathers && block < c->n; block++) {
+        if (!wants_block(c, block))
+            continue; /* not this rank's to receive */
+        for (uint64_t id = c->geometry.chunk_base[block]; id < c->geometry.chunk_base[block + 1]; id++)
+            c->stats->chunks_stale += c->chunks.final_count[id] == 0;
+    }
     switch (c->schedule.facts->output) {
     case UDT_OUTPUT_REDUCED:
         write_allreduce(c);
