@@ -187,6 +187,7 @@ cdef extern from "engine.h" nogil:
         uint64_t send_calls
         uint64_t receive_calls
         uint64_t verdict_acks_presumed
+        uint64_t verdicts_relayed
         double elapsed_s
         double deadline_s
         double agree_s

@@ -43,6 +43,7 @@ int udt_send_control(struct call *c, uint32_t peer, const struct udt_control *m)
     h.sequence = m->sequence;
     h.layout_tag = m->layout_tag;
     h.flags = m->flags;
+    h.chunk_index = m->chunk_index;
     h.credit = m->credit;
     h.payload_bytes = m->payload ? UDT_VERDICT_BYTES : 0;
     uint8_t *slot = header_slot(comm, m->kind);

@@ -126,6 +126,7 @@ struct udt_collective_stats {
     uint64_t send_calls;         /* send system calls made during the call, refused ones too (UDP: sendmmsg; 0 on verbs) */
     uint64_t receive_calls;      /* system calls that returned datagrams during the call (UDP: recvmmsg) */
     uint64_t verdict_acks_presumed; /* peers whose acknowledgement we stopped waiting for: silent long after our verdict went to them */
+    uint64_t verdicts_relayed;   /* peers' verdicts this rank took from another rank that passed them on */
     double elapsed_s;
     double deadline_s;
     double agree_s;              /* time spent in the verdict round */

@@ -87,6 +87,7 @@ struct peer_in_call {
     uint32_t verdict_attempts;
     uint32_t acks_asked;        /* copies of our verdict sent to it since we decided, its acknowledgement missing */
     uint64_t verdict_resend_ns;
+    uint64_t verdict_sent_ns;   /* when our verdict last went to it (a request; answers are not counted) */
 };
 
 struct peer_state {
@@ -154,6 +155,8 @@ struct call_verdict {
     uint64_t answered_ns;        /* when we last answered a peer's verdict message */
     uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
     uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
+    uint32_t hint_next;          /* where the next search for a verdict we lack starts (lacking_hint) */
+    uint64_t closed_asked_ns;    /* when we asked the open peers for the verdicts of closed ports (0: not yet) */
     int decided;
     uint32_t status;             /* decided status */
 };
@@ -308,6 +311,7 @@ struct udt_control {
     uint32_t credit;          /* CREDIT: the position granted; JOIN: steps sent to the peer */
     uint32_t sequence;        /* the call it is about: a JOIN or verdict may answer the previous one */
     uint32_t layout_tag;
+    uint32_t chunk_index;     /* verdict: the rank whose verdict we lack + 1, or a relay's original rank */
     const uint8_t *payload;   /* a verdict's UDT_VERDICT_BYTES, or NULL */
     int copies;               /* 1 to UDT_MAX_END_REPEATS */
 };

@@ -3,33 +3,42 @@
  * messages the same way, so every rank returns the same outcome.
  *
  * One round, all to all: O(N) small messages per rank, O(1) rounds, and a
- * dead rank is seen directly by everyone (nobody waits on a relay).
+ * dead rank is seen directly by everyone.
  * Control messages are repeated until acknowledged ("no retransmission" is
- * about data): each message carries HAVE_YOURS when the sender already holds
- * the receiver's verdict, which is the acknowledgement; an unsolicited
- * message is answered once with a REPLY, which is never answered. A rank
- * decides once it holds every verdict, and returns once everyone
- * acknowledged its own (or at the hard deadline): a peer that lacks our
- * verdict is still in the call and would otherwise time out, blaming us
- * while we succeeded. Peers one call ahead are answered from the kept
- * verdict of the previous call. */
+ * about data). The acknowledgement is HAVE_YOURS, and a rank sends it only
+ * once it has decided: to every peer whose verdict it holds at that moment,
+ * and in its messages to them after. A rank that holds a peer's verdict
+ * before deciding says so (HOLDING), so that the peer need not answer. A
+ * request is answered with a REPLY, which is never answered. A rank decides
+ * once it holds every verdict, and returns once every peer acknowledged (or
+ * at the hard deadline): a peer that has not decided is still in the call,
+ * and would otherwise time out blaming us while we succeeded.
+ *
+ * Because a decided rank waits for the others to decide, it is there to help
+ * them: a rank that lacks a verdict names it in its messages (chunk_index),
+ * and a rank that holds it passes it on (RELAYED). So a verdict that reached
+ * one rank reaches all of them, even where its sender's link to some rank
+ * drops everything or the sender died after sending. Peers one call ahead are
+ * answered from the kept verdict of the previous call. */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine_internal.h"
 
 
-/* A rank that holds a peer's verdict waits only for the peer's acknowledgement, which the peer
- * sends the moment our message arrives: ask again after a quarter of the first resend interval,
- * backing off to at most one interval. The rank that answers last stays one first-resend
- * interval after its last answer, in which a peer that lost every copy of that answer asks twice
- * more (a quarter and three quarters in). */
+/* A decided rank that holds a peer's verdict waits only for the peer's acknowledgement, which the
+ * peer sends when it decides and in answer to us after: ask again after a quarter of the first
+ * resend interval, backing off to at most one interval. The rank that answers last stays one
+ * first-resend interval after its last answer, in which a peer that lost every copy of that
+ * answer asks twice more (a quarter and three quarters in). A quarter interval is also how long
+ * an undecided rank takes a peer's request to have crossed its own (udt_verdict_receive). */
 #define ACK_INTERVAL_DIVISOR 4u
 #define ACK_INTERVAL_MAX_SHIFT 2u
 /* A decided rank still waiting for a peer's acknowledgement stops waiting once the peer has been
  * silent ACK_QUIET_INTERVALS first-resend intervals and our verdict has gone to it ACK_QUIET_SENDS
- * times since we decided. Any one of those copies would have given the peer our verdict, and a
- * peer without it would still be asking; silence means it decided and left, its answers to us
+ * times since we decided. Any one of those copies would have given the peer our verdict and our
+ * decision, and a peer that has not decided would still be answering; silence means it decided
+ * and left, its answers to us
  * lost (a burst took the last of them), and it cannot answer again until its next call. Waiting
  * on would hold us to the hard deadline for nothing. The count is what makes this safe: loss
  * that takes 64 copies in a row (p^64 for independent loss) would take the data first. */
@@ -53,13 +62,15 @@ static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts, 
     return base << (attempts < 4 ? attempts : 4);
 }
 
+/* `final`: the message may be the last thing the peer needs from us before we leave (a decided
+ * rank's answer, or its acknowledgement to a peer that has decided): sent as many times as an END
+ * marker. Anything else goes once: the peer asks again while it lacks it. */
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
-                        const uint8_t *payload, uint8_t flags)
+                        const uint8_t *payload, uint8_t flags, uint32_t chunk_index, int final)
 {
-    /* an answer may be the last thing a peer needs from us before we leave:
-     * send it as many times as an END marker */
     struct udt_control verdict = {.kind = UDT_KIND_AGREE, .flags = flags, .sequence = sequence, .layout_tag = layout_tag,
-                                  .payload = payload, .copies = flags & UDT_AGREE_REPLY ? (int)comm->options.end_repeats : 1};
+                                  .chunk_index = chunk_index, .payload = payload,
+                                  .copies = final ? (int)comm->options.end_repeats : 1};
     int rc = udt_send_control(c, peer, &verdict);
     return rc < 0 ? rc : 0;
 }
@@ -175,10 +186,75 @@ void udt_verdict_begin(struct call *c, struct udt_comm *comm, uint64_t now)
     c->verdict.verdict_resend_due_ns = now;
 }
 
+/* A rank whose verdict we lack, + 1, to name in a message to `to` (0: none, or decided), so that a
+ * peer holding it passes it on. Successive calls walk round the missing ranks, so that one whose
+ * verdict nobody holds (it died before sending) does not hide the others. */
+static uint32_t lacking_hint(struct call *c, struct udt_comm *comm, uint32_t to)
+{
+    if (c->verdict.decided || c->phase < PHASE_VERDICT)
+        return 0;
+    for (uint32_t i = 0; i < c->n; i++) {
+        uint32_t p = (c->verdict.hint_next + i) % c->n;
+        if (p == c->rank || p == to || (slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
+            continue;
+        c->verdict.hint_next = p + 1;
+        return p + 1;
+    }
+    return 0;
+}
+
+/* A peer said it lacks rank `wanted`'s verdict of call `sequence`: pass on the copy we hold, as it
+ * came (one copy; the peer names it again while it lacks it). */
+static void relay_wanted(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t wanted)
+{
+    if (wanted >= c->n || wanted == c->rank || wanted == peer)
+        return;
+    const struct verdict_slot *slot = &comm->peers[wanted].slot[sequence & 1];
+    if (slot->sequence == sequence && (slot->flags & VERDICT_GOT))
+        (void)send_verdict(c, comm, peer, sequence, slot->layout_tag, slot->payload, UDT_AGREE_REPLY | UDT_AGREE_RELAYED,
+                           wanted, 0);
+}
+
+/* A verdict another rank passed on (relay_wanted), taken as its original rank's own while we lack
+ * that and have not decided. The relayer is a rank of the session and the payload passed the
+ * checks any verdict passes: a forger gains nothing it could not have by forging the original. */
+static void take_relayed(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
+                         uint32_t peer, uint64_t now)
+{
+    if (h->sequence != c->sequence) {
+        c->stats->dropped_stale++; /* only the current call's: a rank one call ahead holds no decided verdicts of it */
+        return;
+    }
+    udt_hear(c, comm, peer, now);
+    uint32_t origin = h->chunk_index;
+    struct verdict_slot *slot = slot_for(comm, origin, c->sequence);
+    if (c->verdict.decided || (slot->flags & VERDICT_GOT))
+        return;
+    memcpy(slot->payload, payload, UDT_VERDICT_BYTES);
+    slot->layout_tag = h->layout_tag;
+    slot->flags |= VERDICT_GOT;
+    c->verdict.verdicts_got++;
+    c->stats->verdicts_relayed++;
+    /* it sends us nothing more; not heard: second hand, no sign that it is still there */
+    struct peer_in_call *o = &comm->peers[origin].in_call;
+    if (!o->finished) {
+        o->finished = 1;
+        o->finished_at_ns = now;
+    }
+    heed_cause(c, comm, payload);
+}
+
+static int decide_and_acknowledge(struct call *c, struct udt_comm *comm, uint64_t now);
+
 void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
                          uint32_t payload_bytes, uint32_t peer, uint64_t now)
 {
-    if (payload_bytes != UDT_VERDICT_BYTES || h->payload_bytes != UDT_VERDICT_BYTES || (h->flags & ~3u) || h->reserved) {
+    int relayed = h->flags & UDT_AGREE_RELAYED;
+    if (payload_bytes != UDT_VERDICT_BYTES || h->payload_bytes != UDT_VERDICT_BYTES || (h->flags & ~UDT_AGREE_FLAGS) ||
+        h->reserved ||
+        (relayed ? h->flags != (UDT_AGREE_RELAYED | UDT_AGREE_REPLY) || h->chunk_index >= c->n || h->chunk_index == c->rank ||
+                       h->chunk_index == peer
+                 : h->chunk_index > c->n)) {
         c->stats->dropped_invalid++;
         return;
     }
@@ -193,7 +269,12 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         c->stats->dropped_invalid++; /* counts no rank of this call can report (the next call's: checked when it starts) */
         return;
     }
+    if (relayed) {
+        take_relayed(c, comm, h, payload, peer, now);
+        return;
+    }
     int have_ours = h->flags & UDT_AGREE_HAVE_YOURS, is_reply = h->flags & UDT_AGREE_REPLY;
+    uint32_t wanted = h->chunk_index ? h->chunk_index - 1 : UINT32_MAX; /* a rank whose verdict the peer lacks */
     if (h->sequence == c->sequence || h->sequence == c->sequence + 1) {
         udt_hear(c, comm, peer, now); /* a repeated request too: the peer is still in the round */
         struct verdict_slot *slot = slot_for(comm, peer, h->sequence);
@@ -224,14 +305,35 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->flags |= VERDICT_ACKED;
             c->verdict.verdicts_acked += current;
         }
-        if (!current)
+        if (!current) {
             verdict_peer_moved_on(c, comm, peer);
-        /* answer a request, and acknowledge a verdict we did not have (even
-         * one that came as an answer: its sender waits to hear we have it);
-         * an answer that only repeats what we know is not answered */
-        if (current && (!is_reply || news) && c->phase >= PHASE_VERDICT) {
-            send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
-            c->verdict.answered_ns = now;
+            return;
+        }
+        if (wanted != UINT32_MAX)
+            relay_wanted(c, comm, peer, c->sequence, wanted);
+        if (c->phase < PHASE_VERDICT)
+            return;
+        /* the verdict that completes our set: decide now, acknowledging every peer at once, this
+         * one too (so it is not answered again below) */
+        if (news && !c->verdict.decided && c->verdict.verdicts_got >= c->n - 1) {
+            decide_and_acknowledge(c, comm, now);
+            return;
+        }
+        /* Decided, answer every request (the peer lacks our acknowledgement) and a verdict that
+         * came after we decided. Undecided, answer a request where the peer may lack our verdict
+         * (it does not say it holds it, and ours did not go to it a moment ago: the two crossed),
+         * and a decided peer's, naming a verdict we lack for it to pass on. The peer gets our
+         * acknowledgement when we decide. An answer is not answered. */
+        uint64_t crossing = (uint64_t)comm->options.agree_resend_us * 1000ull / ACK_INTERVAL_DIVISOR;
+        int crossed = now < comm->peers[peer].in_call.verdict_sent_ns + crossing;
+        int holds_ours = h->flags & (UDT_AGREE_HOLDING | UDT_AGREE_HAVE_YOURS);
+        uint32_t hint = !is_reply && have_ours ? lacking_hint(c, comm, peer) : 0;
+        if (c->verdict.decided ? !is_reply || news : !is_reply && ((!holds_ours && !crossed) || hint)) {
+            uint8_t flags = UDT_AGREE_REPLY | (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING);
+            send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags,
+                         hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided);
+            if (c->verdict.decided)
+                c->verdict.answered_ns = now;
         }
         return;
     }
@@ -239,7 +341,9 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         /* a peer still in the previous call lacks our verdict or our acknowledgement */
         if (!is_reply)
             send_verdict(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, comm->last_verdict,
-                         UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY);
+                         UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY, 0, 1);
+        if (wanted != UINT32_MAX)
+            relay_wanted(c, comm, peer, comm->last_verdict_sequence, wanted);
         return;
     }
     c->stats->dropped_stale++;
@@ -368,14 +472,38 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     mine.cause = combined.cause;
     udt_verdict_encode(&mine, c->verdict.my_verdict);
     memcpy(comm->last_verdict, c->verdict.my_verdict, UDT_VERDICT_BYTES);
-    /* a peer we gave up on may only be paused: tell it, as a reply (never answered, sent as
-     * many times as an END marker), so that it fails as we do when it wakes; best effort, we
-     * leave either way */
-    if (severity == CAUSE_PEER_TIMEOUT)
-        for (uint32_t p = 0; p < c->n; p++)
-            if (p != c->rank && !(slot_for(comm, p, c->sequence)->flags & VERDICT_GOT))
-                (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, UDT_AGREE_REPLY);
+    /* The acknowledgement: every peer whose verdict we hold hears that we decided, as a reply
+     * (never answered). A peer that acknowledged ours has decided and may wait for nothing else:
+     * it gets as many copies as an END marker. One that has not gets one copy, and we ask it again
+     * soon (udt_verdict_progress), our acknowledgement with it. A peer we gave up on may only be
+     * paused: it gets our verdict without the acknowledgement, so that it fails as we do when it
+     * wakes; best effort, we leave either way. */
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (p == c->rank)
+            continue;
+        struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+        int got = slot->flags & VERDICT_GOT;
+        if (got || severity == CAUSE_PEER_TIMEOUT)
+            (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
+                               UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0), 0, !got || (slot->flags & VERDICT_ACKED));
+    }
+    c->verdict.answered_ns = now;
     return 1;
+}
+
+/* Decide, and from now on ask the peers yet to acknowledge a quarter interval after the
+ * acknowledgement just sent: only their acknowledgements are missing. */
+static int decide_and_acknowledge(struct call *c, struct udt_comm *comm, uint64_t now)
+{
+    int progressed = decide(c, comm, now);
+    uint64_t soon = now + (uint64_t)comm->options.agree_resend_us * 1000ull / ACK_INTERVAL_DIVISOR;
+    for (uint32_t p = 0; p < c->n; p++) {
+        if (comm->peers[p].in_call.verdict_attempts > 1)
+            comm->peers[p].in_call.verdict_attempts = 1;
+        comm->peers[p].in_call.verdict_resend_ns = soon;
+    }
+    c->verdict.verdict_resend_due_ns = soon;
+    return progressed;
 }
 
 /* Whether every peer that has not acknowledged our verdict has left (its port closed after its
@@ -413,20 +541,30 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     int progressed = 0;
     uint32_t others = c->n - 1;
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
-    if (!c->verdict.decided && (c->verdict.verdicts_got >= others || now >= c->live.hard_deadline_ns || all_but_closed_answered(c, comm))) {
-        progressed |= decide(c, comm, now);
-        /* from now on only acknowledgements are missing: ask for them soon */
-        uint64_t soon = now + base / ACK_INTERVAL_DIVISOR;
+    /* Every verdict we lack is a closed port's. The rank may have died after its verdict reached
+     * some peers: ask every open one for them (naming them), and decide on the closed ports only
+     * if no relay came within a quarter interval. */
+    int closed_only = !c->verdict.decided && all_but_closed_answered(c, comm);
+    if (closed_only && !c->verdict.closed_asked_ns) {
+        c->verdict.closed_asked_ns = now;
         for (uint32_t p = 0; p < c->n; p++) {
-            if (comm->peers[p].in_call.verdict_attempts > 1)
-                comm->peers[p].in_call.verdict_attempts = 1;
-            if (comm->peers[p].in_call.verdict_resend_ns > soon)
-                comm->peers[p].in_call.verdict_resend_ns = soon;
+            struct verdict_slot *slot = slot_for(comm, p, c->sequence);
+            if (p == c->rank || comm->peers[p].in_call.port_closed)
+                continue;
+            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
+                                  slot->flags & VERDICT_GOT ? UDT_AGREE_HOLDING : 0, lacking_hint(c, comm, p), 0);
+            if (rc < 0)
+                return rc;
+            comm->peers[p].in_call.verdict_sent_ns = now;
         }
-        if (c->verdict.verdict_resend_due_ns > soon)
-            c->verdict.verdict_resend_due_ns = soon;
     }
-    /* Done once everyone holds our verdict. If we have just answered a peer
+    uint64_t closed_wait_end = c->verdict.closed_asked_ns + base / ACK_INTERVAL_DIVISOR;
+    if (!c->verdict.decided && (c->verdict.verdicts_got >= others || now >= c->live.hard_deadline_ns ||
+                                (closed_only && now >= closed_wait_end)))
+        progressed |= decide_and_acknowledge(c, comm, now);
+    if (closed_only && !c->verdict.decided && closed_wait_end < *wake)
+        *wake = closed_wait_end;
+    /* Done once every peer has decided, holding our verdict. If we have just answered a peer
      * and this call has seen loss, stay one resend interval to answer again
      * should that answer be lost: the peer cannot return before it hears
      * from us, and after we return nobody answers it until our next call.
@@ -459,13 +597,18 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
         if (((slot->flags & VERDICT_GOT) && (slot->flags & VERDICT_ACKED)) || left_after_its_verdict(c, comm, p))
             continue;
         if (now >= peer->in_call.verdict_resend_ns) {
-            uint8_t flags = slot->flags & VERDICT_GOT ? UDT_AGREE_HAVE_YOURS : 0;
-            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, flags);
+            /* decided and holding its verdict, we only want its acknowledgement: ours goes with it.
+             * Undecided, a repeated message names a verdict we lack, for the peer to pass on. */
+            int acknowledging = c->verdict.decided && (slot->flags & VERDICT_GOT);
+            uint8_t flags = acknowledging ? UDT_AGREE_HAVE_YOURS : slot->flags & VERDICT_GOT ? UDT_AGREE_HOLDING : 0;
+            uint32_t hint = peer->in_call.verdict_attempts > 0 ? lacking_hint(c, comm, p) : 0;
+            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
             if (rc < 0)
                 return rc;
             c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0;
             peer->in_call.acks_asked += c->verdict.decided;
-            peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, flags & UDT_AGREE_HAVE_YOURS);
+            peer->in_call.verdict_sent_ns = now;
+            peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, acknowledging);
             progressed = 1;
         }
         if (peer->in_call.verdict_resend_ns < due)

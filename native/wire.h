@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define UDT_WIRE_MAGIC 0x31544455u /* "UDT1" read as little-endian */
-#define UDT_WIRE_VERSION 4u
+#define UDT_WIRE_VERSION 5u
 #define UDT_WIRE_HEADER_BYTES 44u
 #define UDT_NO_RANK 0xFFFFu
 
@@ -22,8 +22,13 @@ enum udt_kind {
 };
 
 /* flags of an AGREE datagram (every other kind has flags 0) */
-#define UDT_AGREE_HAVE_YOURS 1u /* the sender holds the receiver's verdict for this call */
+#define UDT_AGREE_HAVE_YOURS 1u /* the acknowledgement: the sender has decided this call (holding the receiver's
+                                 * verdict, or deciding without it at its deadline) */
 #define UDT_AGREE_REPLY 2u      /* an answer: do not answer it */
+#define UDT_AGREE_RELAYED 4u    /* the payload is another rank's verdict (that rank in chunk_index), passed on to a
+                                 * rank that said it lacks it; always with REPLY */
+#define UDT_AGREE_HOLDING 8u    /* the sender holds the receiver's verdict and has not decided: no need to answer */
+#define UDT_AGREE_FLAGS (UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY | UDT_AGREE_RELAYED | UDT_AGREE_HOLDING)
 /* flags of a JOIN datagram: 0 asks "are you in this call?", REPLY answers it */
 #define UDT_JOIN_REPLY 2u
 #define UDT_VERDICT_BYTES 32u
@@ -38,7 +43,8 @@ struct udt_wire_header {
     uint32_t sequence;      /* collective call number on this communicator */
     uint16_t step;          /* step of the schedule (the receiver's step has the same index) */
     uint16_t source_rank;
-    uint32_t chunk_index;   /* chunk within the segment */
+    uint32_t chunk_index;   /* chunk within the segment; AGREE: the rank whose verdict the sender lacks + 1
+                             * (0: none), or a relay's original rank */
     uint16_t contributions; /* how many ranks' inputs the payload sums */
     uint16_t reserved;      /* must be 0 */
     uint32_t payload_bytes;

@@ -128,8 +128,23 @@ def forgeries(rank, algorithm, session, sequence, layout):
                   **fields}
         return wire_format.header(**fields) + payload
 
+    def verdict(**fields):
+        fields = {"kind": wire_format.KIND_AGREE, "session_id": session, "sequence": sequence, "source_rank": upstream,
+                  "contributions": 0, "payload_bytes": 32, "layout": layout, **fields}
+        return wire_format.header(**fields) + bytes(32)  # a plausible verdict: counts 0, budget 0
+
+    relayed, reply = wire_format.AGREE_RELAYED, wire_format.AGREE_REPLY
     return [
-        # first: the chunk count a sender announces (finding 7) is known from the schedule here;
+        # a relay (another rank's verdict passed on) must be a reply, name a third rank of the
+        # world, and carry no acknowledgement; a hint names a rank of the world; no other flag
+        (upstream, verdict(flags=relayed, chunk_index=other), "dropped_invalid"),
+        (upstream, verdict(flags=relayed | reply, chunk_index=WORLD), "dropped_invalid"),
+        (upstream, verdict(flags=relayed | reply, chunk_index=rank), "dropped_invalid"),
+        (upstream, verdict(flags=relayed | reply, chunk_index=upstream), "dropped_invalid"),
+        (upstream, verdict(flags=relayed | reply | wire_format.AGREE_HAVE_YOURS, chunk_index=other), "dropped_invalid"),
+        (upstream, verdict(flags=16), "dropped_invalid"),
+        (upstream, verdict(chunk_index=WORLD + 1), "dropped_invalid"),
+        # then: the chunk count a sender announces (finding 7) is known from the schedule here;
         # believed, one chunk would close the step and lose the rest, blamed on nobody
         (upstream, data(2, credit=1), "dropped_invalid"),
         (upstream, data(0), None),  # a faithful copy arrives first, so the real one becomes the duplicate

@@ -93,6 +93,9 @@ class CollectiveStats:
     verdict_acks_presumed : int
         Peers whose acknowledgement of this rank's verdict was presumed (silent long after it
         went to them).
+    verdicts_relayed : int
+        Peers' verdicts this rank took from another rank that passed them on, because none of
+        the peer's own copies reached it (a partial partition, or the peer died after sending).
     steps_ended, steps_superseded, steps_answered, steps_timed_out : int
         Receive steps with missing chunks, by how they closed: by the sender's END marker (its
         verdict message, or all it announced having come), by data of a later step, by the
@@ -173,6 +176,7 @@ class CollectiveStats:
     send_calls: int
     receive_calls: int
     verdict_acks_presumed: int
+    verdicts_relayed: int
     steps_ended: int
     steps_superseded: int
     steps_answered: int
