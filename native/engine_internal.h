@@ -88,6 +88,8 @@ struct peer_in_call {
     uint32_t acks_asked;        /* copies of our verdict sent to it since we decided, its acknowledgement missing */
     uint64_t verdict_resend_ns;
     uint64_t verdict_sent_ns;   /* when our verdict last went to it (a request; answers are not counted) */
+    uint8_t ours_sent;          /* our verdict went to it in some message of this call */
+    uint64_t ack_sent_ns;       /* when our acknowledgement last went to it */
 };
 
 struct peer_state {
@@ -152,11 +154,13 @@ struct call_verdict {
     uint8_t my_verdict[UDT_VERDICT_BYTES];
     uint32_t verdicts_got, verdicts_acked;
     uint64_t verdict_started_ns, decided_ns;
-    uint64_t answered_ns;        /* when we last answered a peer's verdict message */
+    uint64_t answered_ns;        /* when we last answered a peer's verdict message or acknowledged at deciding */
     uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
     uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
     uint32_t hint_next;          /* where the next search for a verdict we lack starts (lacking_hint) */
-    uint64_t closed_asked_ns;    /* when we asked the open peers for the verdicts of closed ports (0: not yet) */
+    uint64_t closed_asked_ns;    /* when we first asked the open peers for the verdicts of closed ports (0: not yet) */
+    uint64_t closed_next_ask_ns; /* when to ask them again */
+    uint8_t answered_lacking;    /* we answered an acknowledgement that lacked ours: ours was lost */
     int decided;
     uint32_t status;             /* decided status */
 };

@@ -9,7 +9,8 @@
  * once it has decided: to every peer whose verdict it holds at that moment,
  * and in its messages to them after. A rank that holds a peer's verdict
  * before deciding says so (HOLDING), so that the peer need not answer. A
- * request is answered with a REPLY, which is never answered. A rank decides
+ * request is answered with a REPLY; a reply is answered only where it brings
+ * a verdict after we decided or an acknowledgement that lacks ours. A rank decides
  * once it holds every verdict, and returns once every peer acknowledged (or
  * at the hard deadline): a peer that has not decided is still in the call,
  * and would otherwise time out blaming us while we succeeded.
@@ -17,8 +18,10 @@
  * Because a decided rank waits for the others to decide, it is there to help
  * them: a rank that lacks a verdict names it in its messages (chunk_index),
  * and a rank that holds it passes it on (RELAYED). So a verdict that reached
- * one rank reaches all of them, even where its sender's link to some rank
- * drops everything or the sender died after sending. Peers one call ahead are
+ * one rank can reach all of them while a holder is still in the call, even
+ * where its sender's link to some rank drops everything or the sender died
+ * after sending (a closed port's verdict is asked for before deciding without
+ * it). Peers one call ahead are
  * answered from the kept verdict of the previous call. */
 #include <stdio.h>
 #include <string.h>
@@ -28,18 +31,26 @@
 
 /* A decided rank that holds a peer's verdict waits only for the peer's acknowledgement, which the
  * peer sends when it decides and in answer to us after: ask again after a quarter of the first
- * resend interval, backing off to at most one interval. The rank that answers last stays one
- * first-resend interval after its last answer, in which a peer that lost every copy of that
- * answer asks twice more (a quarter and three quarters in). A quarter interval is also how long
- * an undecided rank takes a peer's request to have crossed its own (udt_verdict_receive). */
+ * resend interval, backing off to at most one interval. Under loss the rank that answers last
+ * stays ANSWER_WAIT_INTERVALS first-resend intervals after its last answer, in which a peer that
+ * lost every copy of that answer asks at least twice more. One interval was enough while a rank
+ * acknowledged on receipt; acknowledging at deciding, one left a rank waiting 64 intervals for a
+ * presumed acknowledgement on 1-3% of 8-rank calls at 10% loss (scripts/verdict_round.py), two
+ * on under 1%. A quarter interval is also how long an undecided rank takes a peer's request to
+ * have crossed its own (udt_verdict_receive), and how long a rank waits for a relay of a closed
+ * port's verdict. */
 #define ACK_INTERVAL_DIVISOR 4u
 #define ACK_INTERVAL_MAX_SHIFT 2u
+#define ANSWER_WAIT_INTERVALS 2u
+/* quarter intervals a rank asks the open peers for the verdicts of closed ports before deciding
+ * without them (udt_verdict_progress) */
+#define CLOSED_ASK_INTERVALS 8u
 /* A decided rank still waiting for a peer's acknowledgement stops waiting once the peer has been
  * silent ACK_QUIET_INTERVALS first-resend intervals and our verdict has gone to it ACK_QUIET_SENDS
  * times since we decided. Any one of those copies would have given the peer our verdict and our
  * decision, and a peer that has not decided would still be answering; silence means it decided
- * and left, its answers to us
- * lost (a burst took the last of them), and it cannot answer again until its next call. Waiting
+ * and left, its answers to us lost (a burst took the last of them), and it cannot answer again
+ * until its next call. Waiting
  * on would hold us to the hard deadline for nothing. The count is what makes this safe: loss
  * that takes 64 copies in a row (p^64 for independent loss) would take the data first. */
 #define ACK_QUIET_INTERVALS 64u
@@ -63,8 +74,9 @@ static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts, 
 }
 
 /* `final`: the message may be the last thing the peer needs from us before we leave (a decided
- * rank's answer, or its acknowledgement to a peer that has decided): sent as many times as an END
- * marker. Anything else goes once: the peer asks again while it lacks it. */
+ * rank's answer, its acknowledgement to a peer that may already hold its verdict, or the notice
+ * to a peer it gave up on): sent as many times as an END marker. Anything else goes once: the
+ * peer or we ask again while it lacks it. */
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
                         const uint8_t *payload, uint8_t flags, uint32_t chunk_index, int final)
 {
@@ -222,7 +234,10 @@ static void take_relayed(struct call *c, struct udt_comm *comm, const struct udt
                          uint32_t peer, uint64_t now)
 {
     if (h->sequence != c->sequence) {
-        c->stats->dropped_stale++; /* only the current call's: a rank one call ahead holds no decided verdicts of it */
+        /* late, for the call we decided last (we named it while undecided): nothing to do. Any
+         * other call's is stale: relays answer our names, and we name only the current call's */
+        if (!(comm->have_last_verdict && h->sequence == comm->last_verdict_sequence))
+            c->stats->dropped_stale++;
         return;
     }
     udt_hear(c, comm, peer, now);
@@ -319,21 +334,32 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             decide_and_acknowledge(c, comm, now);
             return;
         }
-        /* Decided, answer every request (the peer lacks our acknowledgement) and a verdict that
-         * came after we decided. Undecided, answer a request where the peer may lack our verdict
-         * (it does not say it holds it, and ours did not go to it a moment ago: the two crossed),
-         * and a decided peer's, naming a verdict we lack for it to pass on. The peer gets our
-         * acknowledgement when we decide. An answer is not answered. */
+        /* Decided, answer every request (the peer lacks our acknowledgement), a verdict that came
+         * after we decided, and an acknowledgement that says it lacks ours (no HOLDING), unless
+         * ours went to it a moment ago (the two crossed; then we stay to answer its requests
+         * should ours be lost). Ours says we hold the peer's where we do. Undecided, answer a
+         * request where the peer may lack our verdict (it does not say it holds it, and ours did
+         * not go to it a moment ago: the two crossed), and a decided peer's, naming a verdict we
+         * lack for it to pass on. The peer gets our acknowledgement when we decide. An answer is
+         * not answered. */
         uint64_t crossing = (uint64_t)comm->options.agree_resend_us * 1000ull / ACK_INTERVAL_DIVISOR;
         int crossed = now < comm->peers[peer].in_call.verdict_sent_ns + crossing;
         int holds_ours = h->flags & (UDT_AGREE_HOLDING | UDT_AGREE_HAVE_YOURS);
         uint32_t hint = !is_reply && have_ours ? lacking_hint(c, comm, peer) : 0;
-        if (c->verdict.decided ? !is_reply || news : !is_reply && ((!holds_ours && !crossed) || hint)) {
-            uint8_t flags = UDT_AGREE_REPLY | (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING);
+        struct peer_in_call *in = &comm->peers[peer].in_call;
+        int lacks_our_ack = have_ours && !(h->flags & UDT_AGREE_HOLDING), ack_crossed = now < in->ack_sent_ns + crossing;
+        if (c->verdict.decided && lacks_our_ack && ack_crossed)
+            c->verdict.answered_ns = now;
+        if (c->verdict.decided ? !is_reply || news || (lacks_our_ack && !ack_crossed)
+                               : !is_reply && ((!holds_ours && !crossed) || hint)) {
+            c->verdict.answered_lacking |= c->verdict.decided && is_reply && lacks_our_ack; /* ours was lost: loss */
+            uint8_t flags = UDT_AGREE_REPLY | (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) |
+                            (c->verdict.decided && (slot->flags & VERDICT_ACKED) ? UDT_AGREE_HOLDING : 0);
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags,
                          hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided);
+            in->ours_sent = 1;
             if (c->verdict.decided)
-                c->verdict.answered_ns = now;
+                c->verdict.answered_ns = in->ack_sent_ns = now;
         }
         return;
     }
@@ -472,27 +498,38 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     mine.cause = combined.cause;
     udt_verdict_encode(&mine, c->verdict.my_verdict);
     memcpy(comm->last_verdict, c->verdict.my_verdict, UDT_VERDICT_BYTES);
-    /* The acknowledgement: every peer whose verdict we hold hears that we decided, as a reply
-     * (never answered). A peer that acknowledged ours has decided and may wait for nothing else:
-     * it gets as many copies as an END marker. One that has not gets one copy, and we ask it again
-     * soon (udt_verdict_progress), our acknowledgement with it. A peer we gave up on may only be
-     * paused: it gets our verdict without the acknowledgement, so that it fails as we do when it
-     * wakes; best effort, we leave either way. */
+    /* The acknowledgement: every peer whose verdict we hold hears that we decided, as a reply,
+     * saying whether we hold its acknowledgement (HOLDING). A peer that may hold our verdict
+     * already may decide without this message, and then wait only for it: it gets as many copies
+     * as an END marker. One that cannot (our verdict never went to it) gets one copy: it cannot
+     * decide without it, so if the copy is lost our requests (a quarter interval on) bring it,
+     * and we are still here because it has not acknowledged. Whenever a peer's acknowledgement says it lacks ours (every copy
+     * lost, or our verdict reached it through a relay), we answer it (udt_verdict_receive). A peer
+     * we gave up on may only be paused: it gets our verdict without the acknowledgement, so that
+     * it fails as we do when it wakes; best effort, we leave either way. */
     for (uint32_t p = 0; p < c->n; p++) {
         if (p == c->rank)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         int got = slot->flags & VERDICT_GOT;
-        if (got || severity == CAUSE_PEER_TIMEOUT)
+        struct peer_in_call *in = &comm->peers[p].in_call;
+        int acked = got && (slot->flags & VERDICT_ACKED), final = !got || acked || in->ours_sent;
+        if (got || severity == CAUSE_PEER_TIMEOUT) {
             (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
-                               UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0), 0, !got || (slot->flags & VERDICT_ACKED));
+                               UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0) | (acked ? UDT_AGREE_HOLDING : 0), 0, final);
+            in->ours_sent = 1;
+            in->ack_sent_ns = got ? now : in->ack_sent_ns;
+        }
     }
     c->verdict.answered_ns = now;
     return 1;
 }
 
 /* Decide, and from now on ask the peers yet to acknowledge a quarter interval after the
- * acknowledgement just sent: only their acknowledgements are missing. */
+ * acknowledgement just sent, backing off to one interval: under loss a peer whose acknowledgement
+ * was lost stays ANSWER_WAIT_INTERVALS after sending it (answer_wait_end), so it must be asked
+ * within that. Asking
+ * also draws the names of verdicts an undecided peer lacks. */
 static int decide_and_acknowledge(struct call *c, struct udt_comm *comm, uint64_t now)
 {
     int progressed = decide(c, comm, now);
@@ -542,11 +579,16 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     uint32_t others = c->n - 1;
     uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
     /* Every verdict we lack is a closed port's. The rank may have died after its verdict reached
-     * some peers: ask every open one for them (naming them), and decide on the closed ports only
-     * if no relay came within a quarter interval. */
+     * some peers: ask every open one for them, naming one each time (the names walk round the
+     * missing ranks), every quarter interval, and decide on the closed ports only if no relay
+     * came within CLOSED_ASK_INTERVALS of them. The peers that hold those verdicts wait for our
+     * acknowledgement meanwhile. */
     int closed_only = !c->verdict.decided && all_but_closed_answered(c, comm);
-    if (closed_only && !c->verdict.closed_asked_ns) {
+    uint64_t quarter = base / ACK_INTERVAL_DIVISOR;
+    if (closed_only && !c->verdict.closed_asked_ns)
         c->verdict.closed_asked_ns = now;
+    if (closed_only && now >= c->verdict.closed_next_ask_ns) {
+        c->verdict.closed_next_ask_ns = now + quarter;
         for (uint32_t p = 0; p < c->n; p++) {
             struct verdict_slot *slot = slot_for(comm, p, c->sequence);
             if (p == c->rank || comm->peers[p].in_call.port_closed)
@@ -556,21 +598,26 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             if (rc < 0)
                 return rc;
             comm->peers[p].in_call.verdict_sent_ns = now;
+            comm->peers[p].in_call.ours_sent = 1;
         }
     }
-    uint64_t closed_wait_end = c->verdict.closed_asked_ns + base / ACK_INTERVAL_DIVISOR;
+    uint64_t closed_wait_end = c->verdict.closed_asked_ns + CLOSED_ASK_INTERVALS * quarter;
     if (!c->verdict.decided && (c->verdict.verdicts_got >= others || now >= c->live.hard_deadline_ns ||
                                 (closed_only && now >= closed_wait_end)))
         progressed |= decide_and_acknowledge(c, comm, now);
-    if (closed_only && !c->verdict.decided && closed_wait_end < *wake)
-        *wake = closed_wait_end;
+    if (closed_only && !c->verdict.decided) {
+        uint64_t closed_wake = c->verdict.closed_next_ask_ns < closed_wait_end ? c->verdict.closed_next_ask_ns : closed_wait_end;
+        if (closed_wake < *wake)
+            *wake = closed_wake;
+    }
     /* Done once every peer has decided, holding our verdict. If we have just answered a peer
-     * and this call has seen loss, stay one resend interval to answer again
-     * should that answer be lost: the peer cannot return before it hears
-     * from us, and after we return nobody answers it until our next call.
+     * (or acknowledged at deciding) and this call has seen loss, stay ANSWER_WAIT_INTERVALS
+     * resend intervals to answer again should that answer be lost: the peer cannot return
+     * before it hears from us, and after we return nobody answers it until our next call.
      * (On a clean link the answer's copies arrive.) */
-    int lossy = c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
-    uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + base : 0;
+    int lossy = c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->stats->verdicts_relayed > 0 ||
+                c->verdict.answered_lacking || comm->transport->counter_injected_drops != c->drops_before;
+    uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
         c->verdict.verdicts_acked = others;
@@ -608,6 +655,9 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0;
             peer->in_call.acks_asked += c->verdict.decided;
             peer->in_call.verdict_sent_ns = now;
+            peer->in_call.ours_sent = 1;
+            if (acknowledging)
+                peer->in_call.ack_sent_ns = now;
             peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, acknowledging);
             progressed = 1;
         }

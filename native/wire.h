@@ -24,10 +24,12 @@ enum udt_kind {
 /* flags of an AGREE datagram (every other kind has flags 0) */
 #define UDT_AGREE_HAVE_YOURS 1u /* the acknowledgement: the sender has decided this call (holding the receiver's
                                  * verdict, or deciding without it at its deadline) */
-#define UDT_AGREE_REPLY 2u      /* an answer: do not answer it */
+#define UDT_AGREE_REPLY 2u      /* an answer: not answered, unless it brings what the receiver must act on (verdict.c) */
 #define UDT_AGREE_RELAYED 4u    /* the payload is another rank's verdict (that rank in chunk_index), passed on to a
                                  * rank that said it lacks it; always with REPLY */
-#define UDT_AGREE_HOLDING 8u    /* the sender holds the receiver's verdict and has not decided: no need to answer */
+#define UDT_AGREE_HOLDING 8u    /* the sender holds what it needs of the receiver: its verdict (undecided), or with
+                                 * HAVE_YOURS its acknowledgement too (a decided receiver still answers a
+                                 * request: the sender lacks its acknowledgement) */
 #define UDT_AGREE_FLAGS (UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY | UDT_AGREE_RELAYED | UDT_AGREE_HOLDING)
 /* flags of a JOIN datagram: 0 asks "are you in this call?", REPLY answers it */
 #define UDT_JOIN_REPLY 2u
