@@ -89,7 +89,7 @@ struct peer_in_call {
     uint64_t verdict_resend_ns;
     uint64_t verdict_sent_ns;   /* when our verdict last went to it (a request; answers are not counted) */
     uint8_t ours_sent;          /* our verdict went to it in some message of this call */
-    uint64_t ack_sent_ns;       /* when our acknowledgement last went to it */
+    uint8_t acked_once;         /* our acknowledgement went to it only in single copies so far (see decide) */
 };
 
 struct peer_state {
@@ -160,7 +160,6 @@ struct call_verdict {
     uint32_t hint_next;          /* where the next search for a verdict we lack starts (lacking_hint) */
     uint64_t closed_asked_ns;    /* when we first asked the open peers for the verdicts of closed ports (0: not yet) */
     uint64_t closed_next_ask_ns; /* when to ask them again */
-    uint8_t answered_lacking;    /* we answered an acknowledgement that lacked ours: ours was lost */
     int decided;
     uint32_t status;             /* decided status */
 };

@@ -335,9 +335,9 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             return;
         }
         /* Decided, answer every request (the peer lacks our acknowledgement), a verdict that came
-         * after we decided, and an acknowledgement that says it lacks ours (no HOLDING), unless
-         * ours went to it a moment ago (the two crossed; then we stay to answer its requests
-         * should ours be lost). Ours says we hold the peer's where we do. Undecided, answer a
+         * after we decided, and an acknowledgement that says it lacks ours (no HOLDING) where ours
+         * went in one copy (decide: the peer got our verdict through a relay, or every copy of a
+         * request was lost). Ours says we hold the peer's where we do. Undecided, answer a
          * request where the peer may lack our verdict (it does not say it holds it, and ours did
          * not go to it a moment ago: the two crossed), and a decided peer's, naming a verdict we
          * lack for it to pass on. The peer gets our acknowledgement when we decide. An answer is
@@ -347,19 +347,18 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         int holds_ours = h->flags & (UDT_AGREE_HOLDING | UDT_AGREE_HAVE_YOURS);
         uint32_t hint = !is_reply && have_ours ? lacking_hint(c, comm, peer) : 0;
         struct peer_in_call *in = &comm->peers[peer].in_call;
-        int lacks_our_ack = have_ours && !(h->flags & UDT_AGREE_HOLDING), ack_crossed = now < in->ack_sent_ns + crossing;
-        if (c->verdict.decided && lacks_our_ack && ack_crossed)
-            c->verdict.answered_ns = now;
-        if (c->verdict.decided ? !is_reply || news || (lacks_our_ack && !ack_crossed)
+        int lacks_our_ack = have_ours && !(h->flags & UDT_AGREE_HOLDING) && in->acked_once;
+        if (c->verdict.decided ? !is_reply || news || lacks_our_ack
                                : !is_reply && ((!holds_ours && !crossed) || hint)) {
-            c->verdict.answered_lacking |= c->verdict.decided && is_reply && lacks_our_ack; /* ours was lost: loss */
             uint8_t flags = UDT_AGREE_REPLY | (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) |
                             (c->verdict.decided && (slot->flags & VERDICT_ACKED) ? UDT_AGREE_HOLDING : 0);
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags,
                          hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided);
             in->ours_sent = 1;
-            if (c->verdict.decided)
-                c->verdict.answered_ns = in->ack_sent_ns = now;
+            if (c->verdict.decided) {
+                c->verdict.answered_ns = now;
+                in->acked_once = 0; /* as many copies as an END marker went */
+            }
         }
         return;
     }
@@ -518,7 +517,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
             (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
                                UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0) | (acked ? UDT_AGREE_HOLDING : 0), 0, final);
             in->ours_sent = 1;
-            in->ack_sent_ns = got ? now : in->ack_sent_ns;
+            in->acked_once = got && !final;
         }
     }
     c->verdict.answered_ns = now;
@@ -615,8 +614,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
      * resend intervals to answer again should that answer be lost: the peer cannot return
      * before it hears from us, and after we return nobody answers it until our next call.
      * (On a clean link the answer's copies arrive.) */
-    int lossy = c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->stats->verdicts_relayed > 0 ||
-                c->verdict.answered_lacking || comm->transport->counter_injected_drops != c->drops_before;
+    int lossy = c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || comm->transport->counter_injected_drops != c->drops_before;
     uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
@@ -656,8 +654,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             peer->in_call.acks_asked += c->verdict.decided;
             peer->in_call.verdict_sent_ns = now;
             peer->in_call.ours_sent = 1;
-            if (acknowledging)
-                peer->in_call.ack_sent_ns = now;
+
             peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, acknowledging);
             progressed = 1;
         }
