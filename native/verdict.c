@@ -109,14 +109,20 @@ static struct verdict_slot *slot_for(struct udt_comm *comm, uint32_t peer, uint3
     return slot;
 }
 
+/* The peer's verdict is in: its data phase is over, it sends us nothing more. */
+static void note_finished(struct udt_comm *comm, uint32_t peer, uint64_t now)
+{
+    struct peer_in_call *in = &comm->peers[peer].in_call;
+    if (!in->finished) {
+        in->finished = 1;
+        in->finished_at_ns = now;
+    }
+}
+
 static void mark_finished(struct call *c, struct udt_comm *comm, uint32_t peer, uint64_t now)
 {
-    struct peer_state *p = &comm->peers[peer];
     udt_hear(c, comm, peer, now);
-    if (!p->in_call.finished) {
-        p->in_call.finished = 1; /* its data phase is over: it sends us nothing more */
-        p->in_call.finished_at_ns = now;
-    }
+    note_finished(comm, peer, now);
 }
 
 /* A peer's verdict that carries a cause fails the call on every rank whatever else arrives: the
@@ -250,12 +256,7 @@ static void take_relayed(struct call *c, struct udt_comm *comm, const struct udt
     slot->flags |= VERDICT_GOT;
     c->verdict.verdicts_got++;
     c->stats->verdicts_relayed++;
-    /* it sends us nothing more; not heard: second hand, no sign that it is still there */
-    struct peer_in_call *o = &comm->peers[origin].in_call;
-    if (!o->finished) {
-        o->finished = 1;
-        o->finished_at_ns = now;
-    }
+    note_finished(comm, origin, now); /* not heard: second hand, no sign that it is still there */
     heed_cause(c, comm, payload);
 }
 
@@ -572,6 +573,19 @@ static int all_but_closed_answered(const struct call *c, const struct udt_comm *
     return 1;
 }
 
+/* Our verdict to a peer as a request (one copy), carrying our acknowledgement once decided and
+ * holding its verdict, HOLDING while undecided and holding it, and `hint` (lacking_hint). Returns
+ * the transport's error, or 0. */
+static int send_request(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t hint, uint64_t now)
+{
+    int got = slot_for(comm, peer, c->sequence)->flags & VERDICT_GOT;
+    uint8_t flags = got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0;
+    int rc = send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
+    comm->peers[peer].in_call.verdict_sent_ns = now;
+    comm->peers[peer].in_call.ours_sent = 1;
+    return rc;
+}
+
 int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, uint64_t *wake)
 {
     int progressed = 0;
@@ -589,15 +603,11 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     if (closed_only && now >= c->verdict.closed_next_ask_ns) {
         c->verdict.closed_next_ask_ns = now + quarter;
         for (uint32_t p = 0; p < c->n; p++) {
-            struct verdict_slot *slot = slot_for(comm, p, c->sequence);
             if (p == c->rank || comm->peers[p].in_call.port_closed)
                 continue;
-            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
-                                  slot->flags & VERDICT_GOT ? UDT_AGREE_HOLDING : 0, lacking_hint(c, comm, p), 0);
+            int rc = send_request(c, comm, p, lacking_hint(c, comm, p), now);
             if (rc < 0)
                 return rc;
-            comm->peers[p].in_call.verdict_sent_ns = now;
-            comm->peers[p].in_call.ours_sent = 1;
         }
     }
     uint64_t closed_wait_end = c->verdict.closed_asked_ns + CLOSED_ASK_INTERVALS * quarter;
@@ -645,16 +655,11 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             /* decided and holding its verdict, we only want its acknowledgement: ours goes with it.
              * Undecided, a repeated message names a verdict we lack, for the peer to pass on. */
             int acknowledging = c->verdict.decided && (slot->flags & VERDICT_GOT);
-            uint8_t flags = acknowledging ? UDT_AGREE_HAVE_YOURS : slot->flags & VERDICT_GOT ? UDT_AGREE_HOLDING : 0;
-            uint32_t hint = peer->in_call.verdict_attempts > 0 ? lacking_hint(c, comm, p) : 0;
-            int rc = send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
+            int rc = send_request(c, comm, p, peer->in_call.verdict_attempts > 0 ? lacking_hint(c, comm, p) : 0, now);
             if (rc < 0)
                 return rc;
             c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0;
             peer->in_call.acks_asked += c->verdict.decided;
-            peer->in_call.verdict_sent_ns = now;
-            peer->in_call.ours_sent = 1;
-
             peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, acknowledging);
             progressed = 1;
         }
