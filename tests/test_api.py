@@ -141,6 +141,22 @@ def test_adaptive_deadline():
     assert DeadlineEstimator(4, 0.5, 1.0).deadline_s(1) == 1.0
 
 
+def test_the_adaptive_deadline_follows_the_median_of_the_recent_calls():
+    """The estimate is the median over the last `history` calls (kept in order as calls come and
+    go, not sorted per call): checked against statistics.median over the same window."""
+    import random
+    import statistics
+
+    generator = random.Random(7)
+    estimator = DeadlineEstimator(multiplier=1, floor_s=0.0, cap_s=1e9, history=8)
+    window = []
+    for call in range(100):
+        nbytes, elapsed = generator.choice([1 << 10, 1 << 20, 64 << 20]), generator.uniform(0.001, 2.0)
+        estimator.record(nbytes, elapsed)
+        window = (window + [elapsed / max(nbytes, 256 * 1024)])[-8:]
+        assert estimator.expected_s(64 << 20) == pytest.approx(statistics.median(window) * (64 << 20), rel=1e-12), call
+
+
 def test_errors_survive_pickling():
     import pickle
 

@@ -3,7 +3,7 @@
 Expected time scales with bytes above a small size (bandwidth-bound) and is
 flat below it (latency-bound). The default deadline is a multiple of the
 expected time, between a floor and a cap; with no history it is the cap."""
-import statistics
+import bisect
 from collections import deque
 
 LATENCY_BOUND_BYTES = 256 * 1024
@@ -14,16 +14,23 @@ class DeadlineEstimator:
         self.multiplier = multiplier
         self.floor_s = floor_s
         self.cap_s = cap_s
-        self.samples = deque(maxlen=history)
+        self.samples = deque(maxlen=history)  # seconds per byte of the recent calls, oldest first
+        self._ordered = []  # the same, smallest first: the median without a sort per call
 
     def record(self, nbytes, elapsed_s):
-        self.samples.append((max(nbytes, LATENCY_BOUND_BYTES), elapsed_s))
+        rate = elapsed_s / max(nbytes, LATENCY_BOUND_BYTES)
+        if len(self.samples) == self.samples.maxlen:
+            del self._ordered[bisect.bisect_left(self._ordered, self.samples[0])]
+        self.samples.append(rate)
+        bisect.insort(self._ordered, rate)
 
     def expected_s(self, nbytes):
-        if not self.samples:
+        ordered = self._ordered
+        if not ordered:
             return None
-        size = max(nbytes, LATENCY_BOUND_BYTES)
-        return statistics.median(elapsed * size / sample_bytes for sample_bytes, elapsed in self.samples)
+        middle = len(ordered) // 2
+        rate = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        return rate * max(nbytes, LATENCY_BOUND_BYTES)
 
     def deadline_s(self, nbytes):
         expected = self.expected_s(nbytes)

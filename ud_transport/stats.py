@@ -232,12 +232,25 @@ class CollectiveStats:
     def from_native(cls, raw, **labels):
         """The stats of the C engine's result dict (extra keys ignored) with the labels
         (`collective`, `algorithm`, `transport`) the engine does not know."""
-        names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in raw.items() if k in names}
+        values = {name: raw[name] for name in _field_names(cls) if name in raw}
         values["deadline_expired"] = bool(values["deadline_expired"])
         values["in_place"] = bool(values["in_place"])
         values["budget_missed"] = bool(values.get("budget_missed", 0))
-        return cls(**values, **labels)
+        values.update(labels)
+        if len(values) != len(_field_names(cls)):  # a field missing: the dataclass says which
+            return cls(**values)
+        # every field given: set them as __init__ would, without its per-field object.__setattr__
+        # of a frozen dataclass (~15 us of a small call's ~50 us of Python, on the build machine)
+        stats = object.__new__(cls)
+        stats.__dict__.update(values)
+        return stats
+
+
+def _field_names(cls, _names={}):
+    names = _names.get(cls)
+    if names is None:
+        names = _names[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 AllreduceStats = CollectiveStats  # the name before reduce_scatter, all_gather and broadcast existed

@@ -156,6 +156,8 @@ def view_of(tensor):
 def op_name(op):
     """The lower-case name of a reduction given as a string, a
     torch.distributed.ReduceOp, or the RedOpType inside one."""
+    if type(op) is str:  # what the layers above pass on
+        return op.lower()
     if isinstance(op, str):
         return str(op.value if isinstance(op, ReduceOp) else op).lower()
     op = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType

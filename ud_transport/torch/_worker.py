@@ -30,10 +30,18 @@ class Work(dist._Work):
         self._error = None
         self._claimed = False  # taken by the worker thread or a waiter (SerialWorker, under its lock)
         self._take = None      # run it on the waiting thread if nobody has yet (SerialWorker.submit)
-        # get_future()'s Future must fail the way C++ waiters read (DDP's reducer waits on it in
-        # C++): Future.set_exception stores the exception as the value, which the reducer read as
-        # tensors, and the process died (SIGSEGV) on a collective's error. A then() callback that
-        # raises sets the Future's error; Python waiters get it as RuntimeError with the message.
+        # get_future()'s Future is made when first asked for (a synchronous call never asks: making
+        # it and its then() cost ~10 us, a tenth of a small call). It must fail the way C++ waiters
+        # read (DDP's reducer waits on it in C++): Future.set_exception stores the exception as the
+        # value, which the reducer read as tensors, and the process died (SIGSEGV) on a collective's
+        # error. A then() callback that raises sets the Future's error; Python waiters get it as
+        # RuntimeError with the message.
+        self._future_lock = threading.Lock()
+        self._ended = self._future = None
+        if self._staged is not None:  # its events are recorded on the side stream as the call ends
+            self._make_future()
+
+    def _make_future(self):
         self._ended = torch.futures.Future(devices=[self._staged.device]) if self._staged else torch.futures.Future()
         self._future = self._ended.then(self._result_or_error)
 
@@ -44,12 +52,18 @@ class Work(dist._Work):
 
     def _finish(self, error=None):
         self._error = error
-        self._done.set()
-        if self._staged is not None and error is None:
+        with self._future_lock:
+            self._done.set()
+            ended = self._ended
+        if ended is not None:
+            self._settle(ended)
+
+    def _settle(self, ended):
+        if self._staged is not None and self._error is None:
             with self._staged.on_side_stream():  # the value's events are recorded after the copies back
-                self._ended.set_result(self._result)
+                ended.set_result(self._result)
         else:
-            self._ended.set_result(None)
+            ended.set_result(None)
 
     def wait(self, timeout=None):
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -73,6 +87,12 @@ class Work(dist._Work):
         return self._error
 
     def get_future(self):
+        with self._future_lock:
+            settle = self._future is None and self._done.is_set()
+            if self._future is None:
+                self._make_future()
+        if settle:  # it ended before anybody asked (its _finish found no future to settle)
+            self._settle(self._ended)
         return self._future
 
     def result(self):
@@ -87,10 +107,13 @@ class SerialWorker:
         self._closing = threading.Lock()  # a submit racing close() would queue behind the end
         self._pending = 0  # calls submitted and not yet finished, queued or running (under _closing)
         self._staged_pending = []  # the Staged of those calls (under _closing)
+        # one call runs at a time, on whichever thread: the worker's next call waits for one
+        # that a waiter or a synchronous caller is running (submit's inline and now)
+        self._running = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, run, result, inline=False, staged=None):
+    def submit(self, run, result, inline=False, staged=None, now=False):
         """Queue run() (which may raise); returns a Work carrying `result`. After close() it
         raises TransportError: nothing would run the call, and its Work would never finish.
 
@@ -101,6 +124,12 @@ class SerialWorker:
         worker, overlapping the caller's work. The order of calls is kept: only the one call
         pending can be taken.
 
+        now: the caller waits for this call before it does anything else (a synchronous c10d
+        call: its options' asyncOp is False). With nothing pending and no CUDA tensors, run()
+        runs here, on the calling thread, and the Work returned has ended: the call is not
+        queued, and the worker thread is not woken (on 2 cores the wake and the race for the
+        call cost as much as the Python of a small call). Otherwise as inline.
+
         staged: the Staged of the call's CUDA tensors (made on the caller's thread); run() works
         on its host twins, which are waited for first and copied back after a success. Their
         copies to the host are queued now, overlapping the calls before it, unless one of those
@@ -109,15 +138,21 @@ class SerialWorker:
             if self._closed:
                 raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
             work = Work(result, staged)
-            if work._staged is not None:
-                if not any(staged.conflicts_with(earlier) for earlier in self._staged_pending):
-                    staged.prefetch()
-                self._staged_pending.append(staged)
-                run = through_host(run, staged)
             self._pending += 1
-            if inline:
-                work._take = lambda: self._take(run, work)
-            self._queue.put((run, work))
+            if now and work._staged is None and self._pending == 1:
+                work._claimed = True
+            else:
+                if work._staged is not None:
+                    if not any(staged.conflicts_with(earlier) for earlier in self._staged_pending):
+                        staged.prefetch()
+                    self._staged_pending.append(staged)
+                    run = through_host(run, staged)
+                if inline or now:
+                    work._take = lambda: self._take(run, work)
+                self._queue.put((run, work))
+                return work
+        with torch.no_grad():  # as on the worker thread
+            self._run(run, work)
         return work
 
     def _take(self, run, work):
@@ -130,12 +165,13 @@ class SerialWorker:
 
     def _run(self, run, work):
         work._take = None  # (it refers to the work: no cycle left behind)
-        try:
-            run()
-        except BaseException as error:  # handed to whoever waits
-            error_or_none = error
-        else:
-            error_or_none = None
+        with self._running:
+            try:
+                run()
+            except BaseException as error:  # handed to whoever waits
+                error_or_none = error
+            else:
+                error_or_none = None
         with self._closing:
             self._pending -= 1
             if work._staged is not None:

@@ -269,7 +269,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
-    def _submit(self, run, result, inline=False, staged=None):
+    def _submit(self, run, result, inline=False, staged=None, opts=None):
         """Queue run() on the group's worker so that every rank starts at least one engine call
         for it: where it starts none here (a list of no tensors, or an argument this rank refused
         before the engine), an agreement round goes in its place (an exact call of no elements
@@ -291,7 +291,8 @@ class ProcessGroupUD(dist.ProcessGroup):
                 raise
             if self._started_nothing_since(before):
                 exact.barrier(self.communicator, deadline=self.config.deadline)
-        return self._worker.submit(in_step, result, inline=inline, staged=staged)
+        # a small call the caller waits for at once (c10d's synchronous calls) runs on its thread now
+        return self._worker.submit(in_step, result, inline=inline, staged=staged, now=inline and _synchronous(opts))
 
     def _started_nothing_since(self, sequence):
         try:
@@ -334,13 +335,14 @@ class ProcessGroupUD(dist.ProcessGroup):
         with self._refusing():
             _check_tensors("allreduce", tensors)
             _check_op("allreduce", op)
+        op = op_name(op)  # named once, not by each layer below
 
         staged = self._staged(writes=tensors)
 
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
                 self._allreduce_one(tensor, op, _claim("allreduce", index, tensors, typed=True))
-        return self._submit(run, tensors, inline=_small(tensors), staged=staged)
+        return self._submit(run, tensors, inline=_small(tensors), staged=staged, opts=opts)
 
     def _sparse_allreduce(self, tensors, op):
         """Sparse COO tensors (SUM, as Gloo), exact: composite.sparse_allreduce, one after another."""
@@ -376,7 +378,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self.exact_calls += 1
                 exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
                                 collective=_claim("broadcast", index, tensors))
-        return self._submit(run, tensors, inline=_small(tensors), staged=staged)
+        return self._submit(run, tensors, inline=_small(tensors), staged=staged, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._gather_into_lists("all_gather", output_tensors, input_tensors)
@@ -509,7 +511,8 @@ class ProcessGroupUD(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def barrier(self, opts=None):
-        return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [], inline=True)
+        return self._submit(lambda: exact.barrier(self.communicator, deadline=self.config.deadline), [], inline=True,
+                            opts=opts)
 
     # -- built from the exact collectives (composite.py) ------
 
@@ -712,6 +715,12 @@ def _check_gather_output(output, shard, world_size):
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all_gather_into_tensor on 'ud': the output has {output.numel()} elements, "
                          f"{world_size} ranks x {shard.numel()} need {world_size * shard.numel()}")
+
+
+def _synchronous(opts):
+    """Whether c10d waits for the call as soon as it is made (torch sets asyncOp False in the
+    options of a call made without async_op; its default, for callers that set nothing, is True)."""
+    return opts is not None and getattr(opts, "asyncOp", True) is False
 
 
 def _small(tensors):
