@@ -6,6 +6,7 @@ and reaches the engine through Transport.adopt."""
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_SetName
 
 from native cimport *
@@ -268,11 +269,28 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
     args.write_on_budget_miss = write_on_budget_miss
 
 
+cdef int run_signal_handlers(void *arg) noexcept nogil:
+    """The engine's wait hook (udt_comm_set_wait_hook) while a call holds the main thread: the
+    process's signal handlers run here, and one that raises (Ctrl-C's KeyboardInterrupt) ends
+    the call, its output as it was; run() raises what it raised."""
+    with gil:
+        return (<Engine>arg).handle_signals()
+
+
 cdef class Engine:
     """One rank's collective engine; owns its transport."""
     cdef udt_comm *comm
     cdef udt_transport *udp_ptr  # the UDP transport the engine owns (inside a loss wrapper, maybe), or NULL
     cdef readonly uint32_t rank, world_size, chunk_bytes
+    cdef object signal_error  # what a signal's handler raised during the call (run_signal_handlers)
+
+    cdef int handle_signals(self) noexcept:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as error:
+            self.signal_error = error
+            return 1
+        return 0
 
     def __cinit__(self, Transport transport, uint32_t rank, uint32_t world_size, uint64_t session_id, dict options):
         cdef udt_error error
@@ -342,13 +360,16 @@ cdef class Engine:
     def run(self, *, int collective, int algorithm, double deadline_s, uintptr_t input=0, uintptr_t output=0,
             uint64_t count=0, int dtype=0, int op=0, int estimator=0, uint32_t root=0, uint32_t agree_value=0,
             double loss_budget=0.0, uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1,
-            uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0):
+            uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0, bint signals=False):
         """Run one collective, its arguments named (struct udt_collective_args). Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
         holds what it held before (an allreduce in place is put back: engine.h), except
         that with direct_output an all_gather, broadcast or all_to_all may leave it partly written.
-        layout_salt: folded into the layout every rank must share (engine.h)."""
+        layout_salt: folded into the layout every rank must share (engine.h).
+        signals: the caller is the main thread, where Python runs signal handlers: a call that
+        waits runs them every UDT_WAIT_HOOK_INTERVAL_MS, and one that raises (KeyboardInterrupt)
+        ends the call, its output as it was, and is raised here."""
         if self.comm is NULL:
             raise ValueError("engine is closed")
         cdef udt_collective_args args
@@ -356,8 +377,15 @@ cdef class Engine:
         cdef int status
         fill_args(&args, collective, algorithm, input, output, count, dtype, op, estimator, root, agree_value, loss_budget,
                   deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output, layout_salt, write_on_budget_miss)
+        if signals:
+            udt_comm_set_wait_hook(self.comm, run_signal_handlers, <void *>self)
+        else:
+            udt_comm_set_wait_hook(self.comm, NULL, NULL)
         with nogil:
             status = udt_collective(self.comm, &args, &stats)
+        if self.signal_error is not None:
+            error, self.signal_error = self.signal_error, None
+            raise error
         return status, stats, native_error(udt_comm_error(self.comm)) if status != UDT_OK else None
 
 

@@ -251,6 +251,8 @@ cdef extern from "engine.h" nogil:
     int udt_call_finish(udt_comm *comm, uint64_t now_ns)
     const udt_error *udt_comm_error(const udt_comm *comm)
     void udt_comm_interrupt(udt_comm *comm)
+    ctypedef int (*udt_wait_hook)(void *arg) noexcept nogil
+    void udt_comm_set_wait_hook(udt_comm *comm, udt_wait_hook hook, void *arg)
     int udt_comm_set_sequence(udt_comm *comm, uint32_t sequence)
     uint32_t udt_comm_sequence(const udt_comm *comm)
 

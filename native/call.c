@@ -496,7 +496,7 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
         stats->elapsed_s = (double)(monotonic_ns() - now) * 1e-9;
         return rc;
     }
-    uint64_t spin_started_ns = 0;
+    uint64_t spin_started_ns = 0, hook_ns = now;
     for (;;) {
         uint64_t wake = 0;
         if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
@@ -506,6 +506,13 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
             return abandon_call(comm, UDT_ERR_INTERRUPTED);
         }
         now = monotonic_ns();
+        if (comm->wait_hook && now - hook_ns >= (uint64_t)UDT_WAIT_HOOK_INTERVAL_MS * 1000000ull) {
+            hook_ns = now;
+            if (comm->wait_hook(comm->wait_hook_arg)) {
+                fail(comm, UDT_ERR_INTERRUPTED, "the call was interrupted: its wait hook said so (a signal's handler raised)");
+                return abandon_call(comm, UDT_ERR_INTERRUPTED);
+            }
+        }
         rc = udt_call_progress(comm, now, &wake);
         if (rc < 0)
             return end_on_transport_error(comm);

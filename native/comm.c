@@ -11,6 +11,12 @@ void udt_comm_interrupt(struct udt_comm *comm)
     __atomic_store_n(&comm->interrupted, 1, __ATOMIC_RELEASE);
 }
 
+void udt_comm_set_wait_hook(struct udt_comm *comm, udt_wait_hook hook, void *arg)
+{
+    comm->wait_hook = hook;
+    comm->wait_hook_arg = arg;
+}
+
 struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank, uint32_t world_size, uint64_t session_id,
                                  const struct udt_engine_options *options, struct udt_error *error)
 {

@@ -167,6 +167,14 @@ const struct udt_error *udt_comm_error(const struct udt_comm *comm);
  * later call, at once. For closing a communicator whose call waits on a peer that may never
  * come (a receive whose sender is gone) without waiting out the join timeout. */
 void udt_comm_interrupt(struct udt_comm *comm);
+/* Called by a call that has waited UDT_WAIT_HOOK_INTERVAL_MS or more since it started or since
+ * the last call of the hook (never by a call that ends sooner), on the thread running the call.
+ * A nonzero return ends that call as UDT_ERR_INTERRUPTED, its output as it was; later calls are
+ * not affected. NULL: none. The Python layer runs the process's signal handlers there (Ctrl-C
+ * while a call holds the main thread). */
+typedef int (*udt_wait_hook)(void *arg);
+#define UDT_WAIT_HOOK_INTERVAL_MS 100
+void udt_comm_set_wait_hook(struct udt_comm *comm, udt_wait_hook hook, void *arg);
 /* Tests only: the sequence number of the last call started (the next call
  * uses sequence + 1, modulo 2^32). Every rank must set the same value between
  * calls. Returns -1 during a call. */

@@ -222,6 +222,8 @@ struct udt_comm {
     uint64_t session_id;
     uint32_t sequence; /* of the last call started */
     int interrupted;   /* udt_comm_interrupt: set from another thread, read atomically */
+    udt_wait_hook wait_hook; /* udt_comm_set_wait_hook: set between calls */
+    void *wait_hook_arg;
     uint32_t send_epoch, credit_epoch;
     struct udt_engine_options options;
     struct peer_state *peers;

@@ -5,6 +5,7 @@ import dataclasses
 import pickle
 
 import numpy as np
+import pytest
 import torch.distributed as dist
 
 import ud_transport
@@ -63,3 +64,23 @@ def test_a_real_call_returns_stats_that_read_and_travel():
     assert pickle.loads(pickle.dumps(stats)) == stats == CollectiveStats(**stats.to_dict())
     assert ud_transport.AllreduceStats is CollectiveStats
 
+
+
+def test_stats_from_the_engine_equal_the_same_stats_made_by_the_constructor():
+    """from_native sets the fields without the dataclass's __init__ (a small call's cost): what it
+    makes must be the same object in every way a caller can tell, and a field the engine did not
+    give must still fail as the constructor fails."""
+    made = distinct_stats(deadline_expired=False, in_place=True, budget_missed=False)
+    labels = {"collective": made.collective, "algorithm": made.algorithm, "transport": made.transport}
+    raw = {name: value for name, value in made.to_dict().items() if name not in labels}
+    raw.update(deadline_expired=0, in_place=1, budget_missed=0, an_extra_key_the_engine_sends=7)
+    built = CollectiveStats.from_native(raw, **labels)
+    assert built == made and hash(built) == hash(made) and repr(built) == repr(made)
+    assert built.to_dict() == made.to_dict() and list(built.to_dict()) == list(made.to_dict())
+    assert pickle.loads(pickle.dumps(built)) == made
+    assert type(built.in_place) is bool and type(built.deadline_expired) is bool
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.chunks_lost = 0
+    del raw["steps"]
+    with pytest.raises(TypeError, match="steps"):
+        CollectiveStats.from_native(raw, **labels)

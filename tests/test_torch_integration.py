@@ -510,3 +510,12 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
         assert (out.get("BXOR refused by the call itself"), out.get("meta refused by the call itself")) == (
             (True, True) if rank == 0 else (None, None)), (rank, out)
         assert out["all_to_all_single, splits on one rank only"] == [10.0 * sender + rank for sender in range(world)]
+
+
+def test_a_small_synchronous_call_runs_on_its_callers_thread_and_an_asynchronous_one_does_not():
+    """c10d says which calls it waits for at once (asyncOp False in their options): a small one
+    runs on the caller's thread, with no hand-over; an asynchronous call, and a large one, run on
+    the group's thread, so an asynchronous call overlaps the caller's work (DDP's buckets)."""
+    for out in get_cluster(2, chunk_bytes=256).run(torch_tasks.where_calls_run, tag()):
+        assert out == {"small, synchronous": (True, True), "small, asynchronous": (False, True),
+                       "large, synchronous": (False, True)}, out

@@ -1106,3 +1106,41 @@ def sparse_allreduce_against_gloo(comm, tag):
             dist.all_reduce(tensor, group=group)
             results.append(tensor.to_dense())
     return results
+
+
+def where_calls_run(comm, tag):
+    """Which thread runs a "ud" group's all-reduce: a small synchronous one (made without
+    async_op) runs on the caller's thread; an asynchronous one, left alone until it ends, on the
+    group's thread; a large synchronous one (over the backend's INLINE_MAX_BYTES) on the group's
+    thread too. Returns {case: (ran on the caller's thread, the sum is right)}."""
+    import threading
+
+    from ud_transport.torch import backend as backend_module
+
+    out = {}
+    with gloo_world(comm, f"where-{tag}"):
+        group = dist.new_group(backend="ud")
+        communicator = group.communicator
+        threads = []
+        real_allreduce = communicator.allreduce
+
+        def recording(*arguments, **keywords):
+            threads.append(threading.get_ident())
+            return real_allreduce(*arguments, **keywords)
+        communicator.allreduce = recording
+        try:
+            small = torch.ones(256)
+            dist.all_reduce(small, group=group)
+            out["small, synchronous"] = (threads[-1] == threading.get_ident(), bool(torch.all(small == comm.world_size)))
+            small.fill_(1.0)
+            work = dist.all_reduce(small, group=group, async_op=True)
+            while not work.is_completed():  # no wait(): a waiter could take the call itself
+                time.sleep(0.001)
+            work.wait()
+            out["small, asynchronous"] = (threads[-1] == threading.get_ident(), bool(torch.all(small == comm.world_size)))
+            large = torch.ones(backend_module.INLINE_MAX_BYTES // 4 + 1)
+            dist.all_reduce(large, group=group)
+            out["large, synchronous"] = (threads[-1] == threading.get_ident(), bool(torch.all(large == comm.world_size)))
+        finally:
+            communicator.allreduce = real_allreduce
+    return out

@@ -808,7 +808,8 @@ class Communicator:
                     dtype=target.dtype_code if target else 0, op=op_value, estimator=estimator_value, root=root,
                     agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
                     chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
-                    layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return")
+                    layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return",
+                    signals=threading.current_thread() is threading.main_thread())  # Ctrl-C ends a call that waits
         stats = CollectiveStats.from_native(raw, collective=collectives.NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:
@@ -826,7 +827,8 @@ class Communicator:
                     and source is target):
                 target.written()
             if not stats.deadline_expired and nbytes:
-                self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s - stats.output_s)  # not a late rank, not the copy out
+                with self._lock:  # callers on several threads: the estimator's window is not theirs to share
+                    self._deadlines.record(nbytes, stats.elapsed_s - stats.join_wait_s - stats.output_s)  # not a late rank, not the copy out
             return stats
         if status == _native.STATUS_LOSS_BUDGET:
             raise LossBudgetExceeded(f"rank {self.rank}: {message}", stats)

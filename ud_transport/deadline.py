@@ -18,7 +18,10 @@ class DeadlineEstimator:
         self._ordered = []  # the same, smallest first: the median without a sort per call
 
     def record(self, nbytes, elapsed_s):
+        """One call's time (not thread-safe: the Communicator records under its lock)."""
         rate = elapsed_s / max(nbytes, LATENCY_BOUND_BYTES)
+        if not self.samples.maxlen:  # no history kept: the cap always
+            return
         if len(self.samples) == self.samples.maxlen:
             del self._ordered[bisect.bisect_left(self._ordered, self.samples[0])]
         self.samples.append(rate)

@@ -237,7 +237,7 @@ class CollectiveStats:
         values["in_place"] = bool(values["in_place"])
         values["budget_missed"] = bool(values.get("budget_missed", 0))
         values.update(labels)
-        if len(values) != len(_field_names(cls)):  # a field missing: the dataclass says which
+        if values.keys() != _field_set(cls):  # a field missing, or a label it has not: the dataclass says which
             return cls(**values)
         # every field given: set them as __init__ would, without its per-field object.__setattr__
         # of a frozen dataclass (~15 us of a small call's ~50 us of Python, on the build machine)
@@ -250,6 +250,13 @@ def _field_names(cls, _names={}):
     names = _names.get(cls)
     if names is None:
         names = _names[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+def _field_set(cls, _sets={}):
+    names = _sets.get(cls)
+    if names is None:
+        names = _sets[cls] = frozenset(_field_names(cls))
     return names
 
 

@@ -110,6 +110,7 @@ class SerialWorker:
         # one call runs at a time, on whichever thread: the worker's next call waits for one
         # that a waiter or a synchronous caller is running (submit's inline and now)
         self._running = threading.Lock()
+        self._running_thread = None  # the thread that holds _running
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -138,21 +139,24 @@ class SerialWorker:
             if self._closed:
                 raise TransportError("this 'ud' group is shut down (destroy_process_group): no collective runs on it")
             work = Work(result, staged)
-            self._pending += 1
-            if now and work._staged is None and self._pending == 1:
+            if now and work._staged is None and self._pending == 0:
+                self._pending += 1
                 work._claimed = True
+                self._running.acquire()  # free: nothing else is pending (see _take)
+                self._running_thread = threading.get_ident()
             else:
                 if work._staged is not None:
                     if not any(staged.conflicts_with(earlier) for earlier in self._staged_pending):
                         staged.prefetch()
                     self._staged_pending.append(staged)
                     run = through_host(run, staged)
+                self._pending += 1
                 if inline or now:
                     work._take = lambda: self._take(run, work)
                 self._queue.put((run, work))
                 return work
         with torch.no_grad():  # as on the worker thread
-            self._run(run, work)
+            self._run_holding(run, work)
         return work
 
     def _take(self, run, work):
@@ -160,18 +164,31 @@ class SerialWorker:
             if work._claimed or self._pending != 1:
                 return
             work._claimed = True
+            # Taken while the claim is made: a call submitted from another thread the moment
+            # after must not reach the worker's _run first. Free: a call that holds it is pending
+            # until it has let go, and this one is the only call pending.
+            self._running.acquire()
+            self._running_thread = threading.get_ident()
         with torch.no_grad():  # as on the worker thread
-            self._run(run, work)
+            self._run_holding(run, work)
 
     def _run(self, run, work):
+        self._running.acquire()
+        self._running_thread = threading.get_ident()
+        self._run_holding(run, work)
+
+    def _run_holding(self, run, work):
+        """run() with _running held (and let go after it)."""
         work._take = None  # (it refers to the work: no cycle left behind)
-        with self._running:
-            try:
-                run()
-            except BaseException as error:  # handed to whoever waits
-                error_or_none = error
-            else:
-                error_or_none = None
+        try:
+            run()
+        except BaseException as error:  # handed to whoever waits
+            error_or_none = error
+        else:
+            error_or_none = None
+        finally:
+            self._running_thread = None
+            self._running.release()
         with self._closing:
             self._pending -= 1
             if work._staged is not None:
@@ -201,6 +218,11 @@ class SerialWorker:
         if self._thread.is_alive():
             if threading.current_thread() is not self._thread:
                 self._thread.join()
+        # a call that a caller or a waiter still runs (unless this thread runs it: a signal
+        # handler that shuts the group down from inside the call)
+        if threading.current_thread() is not self._thread and self._running_thread != threading.get_ident():
+            with self._running:
+                pass
 
 
 def through_host(run, staged):

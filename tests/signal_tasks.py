@@ -1,0 +1,56 @@
+"""Rank functions for tests/test_signals.py: a call on the main thread waiting for a peer that
+is late, while a signal comes."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+
+def interrupted_by_ctrl_c(comm, late_s):
+    """Rank 0 all-reduces while rank 1 stays away for late_s; SIGINT reaches rank 0 0.3 s into
+    its call. Returns (what rank 0's call raised, seconds from the signal to the raise, whether
+    its tensor kept its values)."""
+    if comm.rank != 0:
+        time.sleep(late_s)
+        return None
+    tensor = np.arange(1000, dtype=np.float32)
+    kept = tensor.copy()
+    sent = []
+
+    def ctrl_c():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Timer(0.3, ctrl_c).start()
+    try:
+        comm.allreduce(tensor, loss_budget=0.1, deadline=late_s * 4)
+        raised = None
+    except KeyboardInterrupt:
+        raised = "KeyboardInterrupt"
+    ended = time.monotonic()
+    return raised, ended - sent[0], bool(np.array_equal(tensor, kept))
+
+
+def handler_runs_during_the_call(comm, late_s):
+    """Rank 0's call waits late_s for rank 1; a SIGUSR1 handler that does not raise must run
+    while the call waits, and the call must end as every call does. Returns (the sum is right,
+    seconds from the signal to its handler, seconds from the handler to the call's end)."""
+    tensor = np.ones(1000, dtype=np.float32)
+    if comm.rank != 0:
+        time.sleep(late_s)
+        comm.allreduce(tensor, loss_budget=0.0)
+        return None
+    handled, sent = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda number, frame: handled.append(time.monotonic()))
+
+    def poke():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Timer(0.3, poke).start()
+    try:
+        comm.allreduce(tensor, loss_budget=0.0)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    ended = time.monotonic()
+    return bool(np.all(tensor == comm.world_size)), handled[0] - sent[0], ended - handled[0]
