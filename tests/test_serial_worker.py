@@ -12,6 +12,13 @@ torch = pytest.importorskip("torch")
 from ud_transport.torch._worker import SerialWorker  # noqa: E402
 
 
+@pytest.fixture
+def worker():
+    made = SerialWorker("test-worker")
+    yield made
+    made.close()
+
+
 def test_a_waited_call_with_nothing_before_it_runs_on_the_waiting_thread():
     worker = SerialWorker("test-take")
     try:
@@ -69,87 +76,71 @@ def _run_and_say_where(worker, inline):
     return where[0]
 
 
-def test_a_call_made_now_runs_on_the_calling_thread_before_submit_returns():
-    worker = SerialWorker("test-now")
-    try:
-        where = []
-        work = worker.submit(lambda: where.append(threading.current_thread().name), ["result"], now=True)
-        assert where == [threading.current_thread().name] and work.is_completed() and work.is_success()
-        assert work.wait() is True
-        assert work.get_future().value() == ["result"]  # asked for after the call ended
+def test_a_call_made_now_runs_on_the_calling_thread_before_submit_returns(worker):
+    where = []
+    work = worker.submit(lambda: where.append(threading.current_thread().name), ["result"], now=True)
+    assert where == [threading.current_thread().name] and work.is_completed() and work.is_success()
+    assert work.wait() is True
+    assert work.get_future().value() == ["result"]  # asked for after the call ended
 
-        def fails():
-            raise ValueError("refused now")
-        failing = worker.submit(fails, None, now=True)
-        assert failing.is_completed() and not failing.is_success()
-        with pytest.raises(ValueError, match="refused now"):
-            failing.wait()
-        with pytest.raises(RuntimeError, match="refused now"):
-            failing.get_future().wait()
-    finally:
-        worker.close()
+    def fails():
+        raise ValueError("refused now")
+    failing = worker.submit(fails, None, now=True)
+    assert failing.is_completed() and not failing.is_success()
+    with pytest.raises(ValueError, match="refused now"):
+        failing.wait()
+    with pytest.raises(RuntimeError, match="refused now"):
+        failing.get_future().wait()
 
 
-def test_a_call_made_now_behind_a_pending_one_waits_its_turn_on_the_worker():
-    worker = SerialWorker("test-now-queued")
-    try:
-        release = threading.Event()
-        order = []
-        blocker = worker.submit(lambda: (release.wait(), order.append("blocker")), None)
-        queued = worker.submit(lambda: order.append(("queued", threading.current_thread().name)), None, now=True)
-        assert not queued.is_completed(), "a call made now ran before the one pending ahead of it"
-        release.set()
-        queued.wait()
-        blocker.wait()
-        assert order[0] == "blocker" and order[1][0] == "queued", order
-    finally:
-        worker.close()
+def test_a_call_made_now_behind_a_pending_one_waits_its_turn_on_the_worker(worker):
+    release = threading.Event()
+    order = []
+    blocker = worker.submit(lambda: (release.wait(), order.append("blocker")), None)
+    queued = worker.submit(lambda: order.append(("queued", threading.current_thread().name)), None, now=True)
+    assert not queued.is_completed(), "a call made now ran before the one pending ahead of it"
+    release.set()
+    queued.wait()
+    blocker.wait()
+    assert order[0] == "blocker" and order[1][0] == "queued", order
 
 
-def test_the_worker_does_not_start_the_next_call_while_a_caller_runs_one():
+def test_the_worker_does_not_start_the_next_call_while_a_caller_runs_one(worker):
     """A call run on its caller's thread (now) and one submitted meanwhile from another thread:
     the worker starts the second only after the first ended, as the group's order requires."""
-    worker = SerialWorker("test-now-order")
-    try:
-        inside, release = threading.Event(), threading.Event()
-        order = []
+    inside, release = threading.Event(), threading.Event()
+    order = []
 
-        def first():
-            inside.set()
-            release.wait()
-            order.append("first")
-        caller = threading.Thread(target=lambda: worker.submit(first, None, now=True), name="caller")
-        caller.start()
-        assert inside.wait(5)
-        second = worker.submit(lambda: order.append("second"), None)
-        threading.Event().wait(0.2)  # time for the worker to take the second call, were it free to
-        assert order == [], "the worker ran the next call while the caller's was still running"
-        release.set()
-        caller.join(5)
-        second.wait()
-        assert order == ["first", "second"], order
-    finally:
-        worker.close()
+    def first():
+        inside.set()
+        release.wait()
+        order.append("first")
+    caller = threading.Thread(target=lambda: worker.submit(first, None, now=True), name="caller")
+    caller.start()
+    assert inside.wait(5)
+    second = worker.submit(lambda: order.append("second"), None)
+    threading.Event().wait(0.2)  # time for the worker to take the second call, were it free to
+    assert order == [], "the worker ran the next call while the caller's was still running"
+    release.set()
+    caller.join(5)
+    second.wait()
+    assert order == ["first", "second"], order
 
 
-def test_a_future_asked_for_before_the_call_ends_gets_its_value_or_its_error():
-    worker = SerialWorker("test-future")
-    try:
-        release = threading.Event()
-        work = worker.submit(release.wait, ["value"])
-        future = work.get_future()
-        assert not future.done()
-        release.set()
-        assert future.wait() == ["value"]
+def test_a_future_asked_for_before_the_call_ends_gets_its_value_or_its_error(worker):
+    release = threading.Event()
+    work = worker.submit(release.wait, ["value"])
+    future = work.get_future()
+    assert not future.done()
+    release.set()
+    assert future.wait() == ["value"]
 
-        def fails():
-            release.wait()
-            raise ValueError("late error")
-        release.clear()
-        failing = worker.submit(fails, None)
-        future = failing.get_future()
-        release.set()
-        with pytest.raises(RuntimeError, match="late error"):
-            future.wait()
-    finally:
-        worker.close()
+    def fails():
+        release.wait()
+        raise ValueError("late error")
+    release.clear()
+    failing = worker.submit(fails, None)
+    future = failing.get_future()
+    release.set()
+    with pytest.raises(RuntimeError, match="late error"):
+        future.wait()

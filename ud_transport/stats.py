@@ -1,4 +1,5 @@
 """What one collective call did."""
+import functools
 from dataclasses import asdict, dataclass, fields
 
 # Counters shown by repr() when nonzero: datagrams that did not count, and why.
@@ -246,18 +247,14 @@ class CollectiveStats:
         return stats
 
 
-def _field_names(cls, _names={}):
-    names = _names.get(cls)
-    if names is None:
-        names = _names[cls] = tuple(f.name for f in fields(cls))
-    return names
+@functools.cache
+def _field_names(cls):
+    return tuple(f.name for f in fields(cls))
 
 
-def _field_set(cls, _sets={}):
-    names = _sets.get(cls)
-    if names is None:
-        names = _sets[cls] = frozenset(_field_names(cls))
-    return names
+@functools.cache
+def _field_set(cls):
+    return frozenset(_field_names(cls))
 
 
 AllreduceStats = CollectiveStats  # the name before reduce_scatter, all_gather and broadcast existed
