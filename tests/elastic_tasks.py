@@ -363,3 +363,42 @@ def die_in_the_parameter_gather(cluster_comm, port, family, world_size, victim, 
                               first_step=failed["step"] + opt.shards_stepped)
     shrunk.close()
     return dict(failed, regrouped=after, late_error=repr(late_error) if late_error else None, flat=_flat(model))
+
+
+def grow_nobody_then_somebody(cluster_comm, port, tag):
+    """Ranks 0 and 1 form the default "ud" group and call grow_group(1) with nobody coming (it
+    must fail and leave the group standing: an all-reduce of 1 + 2); then the cluster's rank 2
+    joins (join_group) and the two grow again. Returns (the first grow's error or None, the sum
+    after it, (rank, size, sum of 1 + 2 + 3) in the grown group)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import ud_transport.torch as udt
+
+    job_store = dist.PrefixStore(tag, store(port))
+    timeout = datetime.timedelta(seconds=3)
+    options = udt.BackendOptions(deadline=DEADLINE)
+    failed, standing = None, None
+    try:
+        if cluster_comm.rank == 2:
+            job_store.wait(["first grow failed"], datetime.timedelta(seconds=60))
+            udt.join_group(job_store, timeout=timeout, pg_options=options, wait_s=60)
+        else:
+            dist.init_process_group("ud", store=job_store, rank=cluster_comm.rank, world_size=2, timeout=timeout,
+                                    pg_options=options)
+            try:
+                udt.grow_group(1)
+            except ud_transport.TransportError as error:
+                failed = str(error)
+            tensor = torch.tensor([float(cluster_comm.rank + 1)])
+            dist.all_reduce(tensor)
+            standing = tensor.item()
+            job_store.add("first grow failed", 1)
+            udt.grow_group(1)
+        tensor = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(tensor)
+        return failed, standing, (dist.get_rank(), dist.get_world_size(), tensor.item())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -6,7 +6,7 @@ import os
 import struct
 import threading
 
-from . import _native, algorithms, collectives, membership, rendezvous, staging, stripe_choice, transports
+from . import _native, algorithms, collectives, membership, rendezvous, seats, staging, stripe_choice, transports
 from ._version import __version__
 from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
@@ -163,6 +163,7 @@ class Communicator:
         self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
         self.family = name or f"comm{next(_creation_counter)}"  # kept by the groups shrink() and grow() make
+        self._grows_tried = 0  # grows tried on this group, the same count on every rank: names each grow's keys
         prefix = f"ud_transport/{self.family}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
@@ -958,8 +959,10 @@ class Communicator:
         ValueError
             `newcomers` below 1, or a world too large.
         TransportError
-            This communicator is closed, or not every rank and newcomer met within
-            ``store_timeout_s``.
+            This communicator is closed; a newcomer did not take its seat within
+            ``store_timeout_s`` (this communicator is then as it was, and the seats are withdrawn:
+            a newcomer that comes later waits for the next grow); or the ranks and newcomers did
+            not all meet within ``store_timeout_s``.
 
         Examples
         --------
@@ -968,9 +971,10 @@ class Communicator:
         membership.check_growth(self.world_size, newcomers)
         if self.closed:
             raise TransportError("communicator is closed: it cannot grow")
-        if self.rank == 0:
-            membership.offer_seats(self.store, self.family, self.session_id, self.world_size, newcomers)
-        return self._regrouped(self.rank, self.world_size + newcomers, membership.grow_key(self.session_id, newcomers))
+        attempt, self._grows_tried = self._grows_tried, self._grows_tried + 1
+        key = seats.settle_grow(self.store, self.family, self.session_id, attempt, self.rank, self.world_size,
+                                newcomers, self.options.store_timeout_s)
+        return self._regrouped(self.rank, self.world_size + newcomers, key)
 
     @classmethod
     def join(cls, store, family, *, transport="auto", options=None, timeout_s=600.0):
@@ -996,7 +1000,9 @@ class Communicator:
         Raises
         ------
         TransportError
-            No grow seated it within `timeout_s`, or the meeting failed.
+            No grow seated it within `timeout_s` (a grow that withdrew its seats, another
+            newcomer not having come, does not count: this one waits for the next), or the
+            meeting failed.
 
         Examples
         --------
@@ -1006,7 +1012,7 @@ class Communicator:
             from . import options as options_module
 
             options = options_module.build()
-        seat = membership.take_seat(store, family, timeout_s)
+        seat = seats.take_seat(store, family, timeout_s)
         joined = cls(seat.rank, seat.world_size, store, transport, options, name=f"{family}/{seat.key}")
         joined.family = family
         return joined

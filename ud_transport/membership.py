@@ -1,5 +1,6 @@
 """Who is in a group after a rank dies or a rank comes: the checks a shrink's exclusion list
-must pass (the same as torch.distributed.shrink_group's), and where the survivors meet.
+and a grow's count must pass (the same as torch.distributed.shrink_group's), and where the
+survivors meet (newcomers are seated by ud_transport.seats).
 
 The survivors of a group meet under keys named by the old group's session and what changed,
 so every survivor that excludes the same ranks meets the others, and a group made again on the
@@ -63,59 +64,3 @@ def survivors(excluded, world_size):
 def shrink_key(session_id, excluded):
     """Where the survivors of the group with `session_id` that exclude `excluded` meet."""
     return f"shrink/{session_id:016x}/{'-'.join(map(str, excluded))}"
-
-
-def grow_key(session_id, newcomers):
-    """Where the ranks of the group with `session_id` and `newcomers` new ranks meet."""
-    return f"grow/{session_id:016x}/{newcomers}"
-
-
-class Seat:
-    """A newcomer's place in a grown group: its rank and the group's size, and where it meets the
-    ranks already there (the old group's session and how many came)."""
-
-    def __init__(self, record):
-        session, world_size, newcomers, index = record.split(":")
-        self.session_id = int(session, 16)
-        self.old_world_size = int(world_size)
-        self.newcomers = int(newcomers)
-        self.rank = self.old_world_size + int(index)
-        self.world_size = self.old_world_size + self.newcomers
-        self.key = grow_key(self.session_id, self.newcomers)
-
-
-def _seats(family):
-    return f"ud_transport/{family}/elastic"
-
-
-def offer_seats(store, family, session_id, world_size, newcomers):
-    """Seat the next `newcomers` newcomers of `family`, in the order they arrived (or will):
-    the old group's rank 0 does it, once per grow. Their ranks follow the old ones."""
-    last = store.add(f"{_seats(family)}/seated", newcomers)
-    for index in range(newcomers):
-        ticket = last - newcomers + index + 1
-        store.set(f"{_seats(family)}/seat/{ticket}", f"{session_id:016x}:{world_size}:{newcomers}:{index}")
-
-
-def take_seat(store, family, timeout_s):
-    """A newcomer's Seat in the next grow of `family`: it takes a ticket and waits up to
-    `timeout_s` for a grow to seat it.
-
-    Raises
-    ------
-    TransportError
-        No grow seated it in time (its ticket is then spent: a later grow that seats it waits
-        for a newcomer that has gone, and fails at its own timeout).
-    """
-    import datetime
-
-    from .errors import TransportError
-
-    ticket = store.add(f"{_seats(family)}/arrived", 1)
-    key = f"{_seats(family)}/seat/{ticket}"
-    try:
-        store.wait([key], datetime.timedelta(seconds=timeout_s))
-    except Exception as error:
-        raise TransportError(f"no group of '{family}' grew to seat this newcomer (ticket {ticket}) within "
-                             f"{timeout_s:g} s") from error
-    return Seat(bytes(store.get(key)).decode())

@@ -163,6 +163,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         super().__init__(rank, world_size)
         self._ud_group_name = group_name
         self._timeout = timeout  # kept for the groups shrink() makes from this one
+        self.grows_tried = 0  # grow_group calls on this group, the same count on every rank: names each grow's keys
         self.config = (options or BackendOptions.from_environment()).validate()
         overrides = dict(self.config.communicator)
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None

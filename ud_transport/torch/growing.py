@@ -14,7 +14,7 @@ import datetime
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import membership
+from .. import membership, seats
 from .backend import ProcessGroupUD
 
 FAMILY = "c10d-default"  # where the default group's newcomers are seated, in the job's store
@@ -46,7 +46,10 @@ def grow_group(newcomers, *, store=None):
         `newcomers` below 1, a world past the supported maximum, or the default group is not a
         "ud" group.
     TransportError
-        Not every rank and newcomer met within the store timeout.
+        A newcomer did not take its seat within the group's timeout: the default group is then
+        as it was (nothing was destroyed) and the seats are withdrawn, so a newcomer that comes
+        later waits for the next grow. Or, after the seats were taken, not every rank and
+        newcomer met within the timeout (the old group is destroyed by then).
 
     Examples
     --------
@@ -60,10 +63,11 @@ def grow_group(newcomers, *, store=None):
     store = _root(store if store is not None else c10d._get_default_store())
     rank, size, session = group.rank(), group.size(), group.communicator.session_id
     timeout, options = group._timeout, group.config
-    if rank == 0:
-        membership.offer_seats(store, FAMILY, session, size, newcomers)
-    dist.destroy_process_group()
-    return _meet(store, membership.grow_key(session, newcomers), rank, size + newcomers, timeout, options)
+    attempt, group.grows_tried = group.grows_tried, group.grows_tried + 1
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else group.communicator.options.store_timeout_s
+    key = seats.settle_grow(store, FAMILY, session, attempt, rank, size, newcomers, seconds)
+    dist.destroy_process_group()  # only now: a grow whose newcomers did not come leaves the group standing
+    return _meet(store, key, rank, size + newcomers, timeout, options)
 
 
 def join_group(store, *, timeout=datetime.timedelta(minutes=30), pg_options=None, wait_s=600.0):
@@ -101,7 +105,7 @@ def join_group(store, *, timeout=datetime.timedelta(minutes=30), pg_options=None
     if dist.is_initialized():
         raise RuntimeError("join_group: this process already has a default group (destroy it first)")
     store = _root(store)
-    seat = membership.take_seat(store, FAMILY, wait_s)
+    seat = seats.take_seat(store, FAMILY, wait_s)
     return _meet(store, seat.key, seat.rank, seat.world_size, timeout, pg_options)
 
 

@@ -1,0 +1,147 @@
+"""Seating newcomers when a group grows: which newcomer gets which new rank, through the job's
+store, so that neither side is left holding a place the other gave up.
+
+Newcomers take tickets in the order they arrive; each grow seats the next tickets. Both sides may
+give up (a newcomer that waited too long, a grow whose newcomers did not come), so each seat is
+settled by two races on store counters, the first ``add`` to reach 1 winning:
+
+- ``offer``: the grow offering ticket t against its newcomer having given up before any grow came.
+  A grow that loses takes the next ticket instead.
+- ``taken``: the seated newcomer confirming against the grow withdrawing the seat at its timeout.
+  A newcomer that loses takes a new ticket and waits for the next grow. The winner then sets
+  ``confirmed``, which the grow waits on (an ``add`` does not wake a HashStore's ``wait``).
+
+The grow's rank 0 settles the seats and writes the outcome; the other ranks, and every seated
+newcomer, wait for it. Only a grow whose seats were all taken goes on to meet; one that was not
+raises on every rank before anything is torn down, so the group stays as it was. A newcomer's
+seat names the grow (the old group's session and the ranks' count of grows tried on it), so a
+withdrawn grow's keys are never met in.
+
+Needs only set, get, wait and add(key, 1) of the store, as the rendezvous does."""
+import datetime
+import time
+
+from .errors import TransportError
+
+# The ranks other than rank 0 wait this many times the grow's timeout for its outcome: rank 0
+# may reach the grow later than they do and then waits its full timeout for the newcomers.
+OUTCOME_WAIT_FACTOR = 2
+OK = "ok"
+
+
+class Seat:
+    """A newcomer's place in a grown group: its rank, the group's size, and where it meets the
+    ranks already there."""
+
+    def __init__(self, ticket, record):
+        session, attempt, world_size, newcomers, index = record.split(":")
+        self.ticket = ticket
+        self.session_id = int(session, 16)
+        self.attempt = int(attempt)
+        self.old_world_size = int(world_size)
+        self.newcomers = int(newcomers)
+        self.rank = self.old_world_size + int(index)
+        self.world_size = self.old_world_size + self.newcomers
+        self.key = meeting_key(self.session_id, self.attempt, self.newcomers)
+
+
+def meeting_key(session_id, attempt, newcomers):
+    """Where the ranks of the group with `session_id` and its newcomers meet after a grow whose
+    seats were all taken (`attempt`: the ranks' count of grows tried before on that group)."""
+    return f"grow/{session_id:016x}/{attempt}/{newcomers}"
+
+
+def _base(family):
+    return f"ud_transport/{family}/elastic"
+
+
+def _seat(family, ticket):
+    return f"{_base(family)}/seat/{ticket}"
+
+
+def _outcome(family, session_id, attempt):
+    return f"{_base(family)}/grow/{session_id:016x}/{attempt}/outcome"
+
+
+def _wait(store, keys, timeout_s):
+    """True when every key exists within `timeout_s`, False at the timeout."""
+    try:
+        store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.001)))
+        return True
+    except Exception:  # torch raises RuntimeError or its DistStoreError subclass, by version and store
+        return False
+
+
+def settle_grow(store, family, session_id, attempt, rank, world_size, newcomers, timeout_s):
+    """Seat `newcomers` newcomers of `family` for a grow of the group with `session_id` (every rank
+    calls it, at the same point): rank 0 offers the seats and waits up to `timeout_s` for them to
+    be taken; the others wait for its outcome. Returns the meeting key when every seat was taken.
+
+    Raises
+    ------
+    TransportError
+        A newcomer did not take its seat in time (the unclaimed seats are withdrawn: newcomers that
+        come later wait for the next grow), or rank 0's outcome did not come. Nothing of the group
+        has changed.
+    """
+    outcome_key = _outcome(family, session_id, attempt)
+    if rank == 0:
+        tickets = _offer(store, family, f"{session_id:016x}:{attempt}:{world_size}:{newcomers}", newcomers)
+        confirmed = [f"{_seat(family, ticket)}/confirmed" for ticket in tickets]
+        withdrawn = []
+        if not _wait(store, confirmed, timeout_s):
+            withdrawn = [ticket for ticket in tickets if store.add(f"{_seat(family, ticket)}/taken", 1) == 1]
+        outcome = OK if not withdrawn else (
+            f"{len(withdrawn)} of the {newcomers} newcomers did not take their seats (tickets "
+            f"{', '.join(map(str, withdrawn))}) within {timeout_s:g} s; their seats are withdrawn")
+        store.set(outcome_key, outcome)
+    elif _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * timeout_s):
+        outcome = bytes(store.get(outcome_key)).decode()
+    else:
+        outcome = f"rank 0 did not settle the grow's seats within {OUTCOME_WAIT_FACTOR * timeout_s:g} s"
+    if outcome != OK:
+        raise TransportError(f"grow by {newcomers}: {outcome}. The group is as it was")
+    return meeting_key(session_id, attempt, newcomers)
+
+
+def _offer(store, family, grow, newcomers):
+    """The tickets of the next `newcomers` newcomers that have not given up, each offered its seat."""
+    tickets = []
+    while len(tickets) < newcomers:
+        ticket = store.add(f"{_base(family)}/seated", 1)
+        store.set(_seat(family, ticket), f"{grow}:{len(tickets)}")  # before the race: the winner reads it
+        if store.add(f"{_seat(family, ticket)}/offer", 1) == 1:
+            tickets.append(ticket)
+    return tickets
+
+
+def take_seat(store, family, timeout_s):
+    """A newcomer's Seat in the next grow of `family` whose seats all get taken, waiting up to
+    `timeout_s` in all.
+
+    Raises
+    ------
+    TransportError
+        No grow seated it in time. Its ticket is given up: a grow that comes later seats the next
+        newcomer instead.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ticket = store.add(f"{_base(family)}/arrived", 1)
+        seat_key = _seat(family, ticket)
+        if not _wait(store, [seat_key], deadline - time.monotonic()) and store.add(f"{seat_key}/offer", 1) == 1:
+            raise TransportError(f"no group of '{family}' grew to seat this newcomer (ticket {ticket}) within "
+                                 f"{timeout_s:g} s")
+        seat = Seat(ticket, bytes(store.get(seat_key)).decode())
+        if store.add(f"{seat_key}/taken", 1) != 1:
+            continue  # the grow withdrew it at its timeout: wait for the next one
+        store.set(f"{seat_key}/confirmed", "1")  # what the grow waits on: a store's add need not wake a wait
+        outcome_key = _outcome(family, seat.session_id, seat.attempt)
+        if not _wait(store, [outcome_key], max(deadline - time.monotonic(), 1.0)):
+            raise TransportError(f"newcomer of '{family}' (ticket {ticket}): the grow that seated it gave no outcome "
+                                 f"within {timeout_s:g} s")
+        if bytes(store.get(outcome_key)).decode() == OK:
+            return seat
+        if time.monotonic() >= deadline:
+            raise TransportError(f"no group of '{family}' grew to seat this newcomer within {timeout_s:g} s (the last "
+                                 "grow that seated it was withdrawn: another newcomer did not come)")
