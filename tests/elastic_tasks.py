@@ -368,8 +368,10 @@ def die_in_the_parameter_gather(cluster_comm, port, family, world_size, victim, 
 def grow_nobody_then_somebody(cluster_comm, port, tag):
     """Ranks 0 and 1 form the default "ud" group and call grow_group(1) with nobody coming (it
     must fail and leave the group standing: an all-reduce of 1 + 2); then the cluster's rank 2
-    joins (join_group) and the two grow again. Returns (the first grow's error or None, the sum
-    after it, (rank, size, sum of 1 + 2 + 3) in the grown group)."""
+    joins (join_group) and the two grow again; then all three make a "ud" subgroup of ranks 1
+    and 2 (how a subgroup grows: the default group grows, and the subgroup is made again).
+    Returns (the first grow's error or None, the sum after it, (rank, size, sum of 1 + 2 + 3 in
+    the grown group, sum of 2 + 3 in the subgroup or None))."""
     import datetime
 
     import torch.distributed as dist
@@ -388,17 +390,23 @@ def grow_nobody_then_somebody(cluster_comm, port, tag):
             dist.init_process_group("ud", store=job_store, rank=cluster_comm.rank, world_size=2, timeout=timeout,
                                     pg_options=options)
             try:
-                udt.grow_group(1)
+                udt.grow_group(1, seat_timeout=datetime.timedelta(seconds=1))
             except ud_transport.TransportError as error:
                 failed = str(error)
             tensor = torch.tensor([float(cluster_comm.rank + 1)])
             dist.all_reduce(tensor)
             standing = tensor.item()
-            job_store.add("first grow failed", 1)
+            job_store.set("first grow failed", "1")
             udt.grow_group(1)
         tensor = torch.tensor([float(dist.get_rank() + 1)])
         dist.all_reduce(tensor)
-        return failed, standing, (dist.get_rank(), dist.get_world_size(), tensor.item())
+        subgroup = dist.new_group([1, 2], backend="ud", pg_options=options)  # a survivor and the newcomer
+        in_subgroup = None
+        if dist.get_rank() in (1, 2):
+            in_subgroup = torch.tensor([float(dist.get_rank() + 1)])
+            dist.all_reduce(in_subgroup, group=subgroup)
+            in_subgroup = in_subgroup.item()
+        return failed, standing, (dist.get_rank(), dist.get_world_size(), tensor.item(), in_subgroup)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

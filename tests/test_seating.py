@@ -83,6 +83,56 @@ def test_a_newcomer_seated_by_a_grow_that_is_withdrawn_waits_for_the_next():
     assert (seat.key, seat.rank, seat.world_size, seat.attempt) == (key, 1, 2, 1)
 
 
+def test_a_seated_newcomer_waits_for_the_outcome_past_its_own_time():
+    """A newcomer seated at once with 1 s of its own, in a grow of two whose second newcomer comes
+    2 s later: once seated it is committed, so the grow goes on with both (it used to leave after
+    its own time while the grow, its seats all taken, went on to a meeting without it)."""
+    import time
+
+    store = _store()
+    early = Background(seats.take_seat, store, "job", 1.0)
+    ranks = [Background(seats.settle_grow, store, "job", 0xABC, 0, rank, 2, 2, 10) for rank in (0, 1)]
+    time.sleep(2.0)
+    late = Background(seats.take_seat, store, "job", 20)
+    keys = {rank.outcome()[0] for rank in ranks}
+    (first, error_first), (second, error_second) = early.outcome(), late.outcome()
+    assert error_first is None and error_second is None, (error_first, error_second)
+    assert keys == {first.key} == {second.key} and sorted([first.rank, second.rank]) == [2, 3], keys
+
+
+def test_a_late_rank_0_cannot_grow_alone_after_the_others_gave_up():
+    """Rank 1 gives up waiting for rank 0 (twice the grow's timeout) and decides the grow failed;
+    rank 0, coming later, reads that outcome instead of seating anyone, so every rank raises; the
+    waiting newcomer is seated by the next grow."""
+    store = _store()
+    newcomer = Background(seats.take_seat, store, "job", 30)
+    with pytest.raises(TransportError, match="rank 0 did not settle"):
+        seats.settle_grow(store, "job", 0xABC, 0, 1, 2, 1, 0.3)
+    with pytest.raises(TransportError, match="rank 0 did not settle"):
+        seats.settle_grow(store, "job", 0xABC, 0, 0, 2, 1, 0.3)
+    assert newcomer.is_alive(), "the newcomer was seated by a grow that failed"
+    keys = {rank.outcome()[0] for rank in [Background(seats.settle_grow, store, "job", 0xABC, 1, rank, 2, 1, 10)
+                                            for rank in (0, 1)]}
+    seat, error = newcomer.outcome()
+    assert error is None and keys == {seat.key} and seat.attempt == 1, (error, keys)
+
+
+def test_a_seat_offered_by_a_rank_0_that_died_is_not_taken_for_good():
+    """Rank 0 offers a seat and dies before settling (its offer is made here by hand); a newcomer
+    takes the seat. Rank 1 gives up on rank 0 and fails the grow, and the newcomer, reading that,
+    waits for the next grow (after a shrink and a new rank 0, in a real job) instead of staying
+    committed to the dead one's."""
+    store = _store()
+    seats._offer(store, "job", "0000000000000abc:0:2:1:0.3", 1)
+    newcomer = Background(seats.take_seat, store, "job", 30)
+    with pytest.raises(TransportError, match="rank 0 did not settle"):
+        seats.settle_grow(store, "job", 0xABC, 0, 1, 2, 1, 0.3)
+    assert newcomer.is_alive(), "the newcomer was seated by a grow that failed"
+    key = seats.settle_grow(store, "job", 0xDEF, 0, 0, 1, 1, 10)  # the shrunk group, a new session
+    seat, error = newcomer.outcome()
+    assert error is None and (seat.key, seat.session_id, seat.rank) == (key, 0xDEF, 1), error
+
+
 def test_a_failed_grow_leaves_the_communicator_working_and_a_later_one_takes_the_newcomer():
     """A world of one grows by one with nobody there: TransportError within the store timeout,
     the communicator still sums; then a newcomer joins and the next grow makes two ranks that sum
@@ -116,10 +166,11 @@ def test_a_failed_grow_leaves_the_communicator_working_and_a_later_one_takes_the
 def test_a_failed_grow_group_leaves_the_default_ud_group_standing(store_port):
     """grow_group(1) with no newcomer on a 2-rank default "ud" group: TransportError on both ranks
     and the group still all-reduces; a process that joins afterwards is seated by the next
-    grow_group, and the three ranks sum."""
+    grow_group, the three ranks sum, and a "ud" subgroup of a survivor and the newcomer made
+    after the grow sums too."""
     per_rank = get_cluster(3).run(elastic_tasks.grow_nobody_then_somebody, store_port, "grow-fail", timeout_s=180)
     for rank, (failed, standing, grown) in enumerate(per_rank):
         if rank < 2:
             assert failed and "as it was" in failed, f"rank {rank}: the first grow_group did not fail: {failed}"
             assert standing == 3.0, f"rank {rank}: the group did not all-reduce after the failed grow: {standing}"
-        assert grown == (rank, 3, 6.0), f"rank {rank}: after the second grow {grown}"
+        assert grown == (rank, 3, 6.0, 5.0 if rank else None), f"rank {rank}: after the second grow {grown}"

@@ -11,13 +11,20 @@ settled by two races on store counters, the first ``add`` to reach 1 winning:
   A newcomer that loses takes a new ticket and waits for the next grow. The winner then sets
   ``confirmed``, which the grow waits on (an ``add`` does not wake a HashStore's ``wait``).
 
-The grow's rank 0 settles the seats and writes the outcome; the other ranks, and every seated
-newcomer, wait for it. Only a grow whose seats were all taken goes on to meet; one that was not
-raises on every rank before anything is torn down, so the group stays as it was. A newcomer's
-seat names the grow (the old group's session and the ranks' count of grows tried on it), so a
-withdrawn grow's keys are never met in.
+The grow's rank 0 settles the seats; the outcome is decided by a third race (rank 0 when the
+seats are settled, against a rank that gave up waiting for rank 0) and written by the winner; the
+other ranks, and every seated newcomer, wait for it. A newcomer that took its seat is committed:
+it waits for the outcome as long as any rank of the grow may (the seat carries the grow's
+timeout), however little of its own time is left.
 
-Needs only set, get, wait and add(key, 1) of the store, as the rendezvous does."""
+Only a grow whose seats were all taken goes on to meet; one that was not raises on every rank
+before anything is torn down, so the group stays as it was. A newcomer's seat names the grow (the
+old group's session and the ranks' count of grows tried on it), so a failed grow's keys are never
+met in. Not covered: rank 0 dying between taking a ticket and writing its seat (the newcomer that
+draws that ticket waits out its own time), and a seated newcomer dying before the meeting (the
+grow then fails at the meeting).
+
+Needs only set, get, check, wait and add(key, 1) of the store, as the rendezvous does."""
 import datetime
 import time
 
@@ -26,6 +33,8 @@ from .errors import TransportError
 # The ranks other than rank 0 wait this many times the grow's timeout for its outcome: rank 0
 # may reach the grow later than they do and then waits its full timeout for the newcomers.
 OUTCOME_WAIT_FACTOR = 2
+# Whoever decides a grow's outcome writes it right after: this bounds the others' wait for it.
+DECIDED_WRITE_S = 30.0
 OK = "ok"
 
 
@@ -34,8 +43,9 @@ class Seat:
     ranks already there."""
 
     def __init__(self, ticket, record):
-        session, attempt, world_size, newcomers, index = record.split(":")
+        session, attempt, world_size, newcomers, timeout_s, index = record.split(":")
         self.ticket = ticket
+        self.grow_timeout_s = float(timeout_s)  # how long the grow waits for its newcomers
         self.session_id = int(session, 16)
         self.attempt = int(attempt)
         self.old_world_size = int(world_size)
@@ -75,33 +85,48 @@ def _wait(store, keys, timeout_s):
 def settle_grow(store, family, session_id, attempt, rank, world_size, newcomers, timeout_s):
     """Seat `newcomers` newcomers of `family` for a grow of the group with `session_id` (every rank
     calls it, at the same point): rank 0 offers the seats and waits up to `timeout_s` for them to
-    be taken; the others wait for its outcome. Returns the meeting key when every seat was taken.
+    be taken; the others wait for the outcome. Returns the meeting key when every seat was taken.
+
+    The outcome is decided once, by a race: rank 0 when its seats are settled, or a rank that gave
+    up waiting for rank 0 (OUTCOME_WAIT_FACTOR times `timeout_s`: rank 0 late, or dead). The first
+    to ``add`` the decision key writes the outcome, and every rank and seated newcomer reads it.
 
     Raises
     ------
     TransportError
         A newcomer did not take its seat in time (the unclaimed seats are withdrawn: newcomers that
-        come later wait for the next grow), or rank 0's outcome did not come. Nothing of the group
-        has changed.
+        come later wait for the next grow), or rank 0 did not settle the seats in time. Nothing of
+        the group has changed.
     """
     outcome_key = _outcome(family, session_id, attempt)
-    if rank == 0:
-        tickets = _offer(store, family, f"{session_id:016x}:{attempt}:{world_size}:{newcomers}", newcomers)
-        confirmed = [f"{_seat(family, ticket)}/confirmed" for ticket in tickets]
+    if rank == 0 and not store.check([outcome_key]):  # decided already: the others gave up on this rank
+        grow = f"{session_id:016x}:{attempt}:{world_size}:{newcomers}:{timeout_s!r}"
+        tickets = _offer(store, family, grow, newcomers)
         withdrawn = []
-        if not _wait(store, confirmed, timeout_s):
+        if not _wait(store, [f"{_seat(family, ticket)}/confirmed" for ticket in tickets], timeout_s):
             withdrawn = [ticket for ticket in tickets if store.add(f"{_seat(family, ticket)}/taken", 1) == 1]
-        outcome = OK if not withdrawn else (
-            f"{len(withdrawn)} of the {newcomers} newcomers did not take their seats (tickets "
-            f"{', '.join(map(str, withdrawn))}) within {timeout_s:g} s; their seats are withdrawn")
-        store.set(outcome_key, outcome)
-    elif _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * timeout_s):
-        outcome = bytes(store.get(outcome_key)).decode()
-    else:
-        outcome = f"rank 0 did not settle the grow's seats within {OUTCOME_WAIT_FACTOR * timeout_s:g} s"
+        if _decide(store, outcome_key):
+            store.set(outcome_key, OK if not withdrawn else (
+                f"{len(withdrawn)} of the {newcomers} newcomers did not take their seats (tickets "
+                f"{', '.join(map(str, withdrawn))}) within {timeout_s:g} s; their seats are withdrawn"))
+    elif rank != 0 and not _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * timeout_s) and _decide(store, outcome_key):
+        store.set(outcome_key, f"rank 0 did not settle the grow's seats within {OUTCOME_WAIT_FACTOR * timeout_s:g} s")
+    outcome = _read_outcome(store, outcome_key)
     if outcome != OK:
         raise TransportError(f"grow by {newcomers}: {outcome}. The group is as it was")
     return meeting_key(session_id, attempt, newcomers)
+
+
+def _decide(store, outcome_key):
+    """True for the first caller, which then writes the outcome."""
+    return store.add(f"{outcome_key}/decided", 1) == 1
+
+
+def _read_outcome(store, outcome_key):
+    """The outcome, once the caller that decided it has written it (right after it won)."""
+    if not _wait(store, [outcome_key], DECIDED_WRITE_S):
+        return f"the outcome was decided but not written within {DECIDED_WRITE_S:g} s"
+    return bytes(store.get(outcome_key)).decode()
 
 
 def _offer(store, family, grow, newcomers):
@@ -136,12 +161,13 @@ def take_seat(store, family, timeout_s):
         if store.add(f"{seat_key}/taken", 1) != 1:
             continue  # the grow withdrew it at its timeout: wait for the next one
         store.set(f"{seat_key}/confirmed", "1")  # what the grow waits on: a store's add need not wake a wait
+        # Taken: this newcomer is in unless the grow fails, so it waits as long as any rank of the grow may
         outcome_key = _outcome(family, seat.session_id, seat.attempt)
-        if not _wait(store, [outcome_key], max(deadline - time.monotonic(), 1.0)):
+        if not _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * seat.grow_timeout_s + DECIDED_WRITE_S):
             raise TransportError(f"newcomer of '{family}' (ticket {ticket}): the grow that seated it gave no outcome "
-                                 f"within {timeout_s:g} s")
-        if bytes(store.get(outcome_key)).decode() == OK:
+                                 f"within {OUTCOME_WAIT_FACTOR * seat.grow_timeout_s + DECIDED_WRITE_S:g} s")
+        if _read_outcome(store, outcome_key) == OK:
             return seat
         if time.monotonic() >= deadline:
             raise TransportError(f"no group of '{family}' grew to seat this newcomer within {timeout_s:g} s (the last "
-                                 "grow that seated it was withdrawn: another newcomer did not come)")
+                                 "grow that seated it failed: another newcomer or a rank did not come)")

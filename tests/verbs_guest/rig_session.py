@@ -3,7 +3,9 @@
 TCG boots take ~10 s and every Python start in the guest costs seconds, so the host tests
 (tests/test_verbs_bindings.py, test_verbs_allreduce.py, test_verbs_interop.py) share ONE guest
 run of pytest over guest_bindings.py, guest_allreduce.py and guest_interop.py, and each checks
-its own file's results from the JUnit report. The two-guest loss test boots separately.
+its own file's results from the JUnit report. The two-guest loss test boots separately, and so
+does guest_torch_shrink.py (tests/test_verbs_torch.py), whose torch import takes a minute or more
+under TCG.
 """
 import io
 import os
@@ -76,24 +78,28 @@ _single_guest = None
 def single_guest_run():
     """Run every single-guest file in one boot (once per pytest session)."""
     global _single_guest
-    if _single_guest is not None:
-        return _single_guest
+    if _single_guest is None:
+        _single_guest = guest_files_run(GUEST_FILES, SINGLE_GUEST_TIMEOUT_S)
+    return _single_guest
+
+
+def guest_files_run(files, timeout):
+    """Boot one guest and run pytest over `files` (names in tests/verbs_guest) in it."""
     require_rig()
     from ud_transport.rig import run_detailed
 
     scratch = tempfile.mkdtemp(prefix="udt-verbs-")
     junit = os.path.join(scratch, "junit.xml")
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10", f"--junitxml={junit}",
-            *(str(GUEST_DIR / f) for f in GUEST_FILES)]
+            *(str(GUEST_DIR / f) for f in files)]
     output = io.StringIO()
     started = time.monotonic()
-    results = run_detailed(argv, cwd=REPO_ROOT, shares=[scratch], timeout=SINGLE_GUEST_TIMEOUT_S, output=output)
+    results = run_detailed(argv, cwd=REPO_ROOT, shares=[scratch], timeout=timeout, output=output)
     run = GuestRun(status=max(r.status for r in results), seconds=time.monotonic() - started, output=output.getvalue())
     if os.path.exists(junit):
         run.cases = parse_junit(junit)
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"SoftRoCE guest: {len(run.cases)} guest tests, status {run.status}, {run.seconds:.1f} s", file=sys.stderr)
-    _single_guest = run
     return run
 
 

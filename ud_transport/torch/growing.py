@@ -20,11 +20,12 @@ from .backend import ProcessGroupUD
 FAMILY = "c10d-default"  # where the default group's newcomers are seated, in the job's store
 
 
-def grow_group(newcomers, *, store=None):
+def grow_group(newcomers, *, store=None, seat_timeout=None):
     """Grow the default "ud" group by `newcomers` ranks that call ``join_group``.
 
     Every rank of the default group calls it with the same count at the same point; it returns
-    when every rank and newcomer has met (up to the group's store timeout).
+    when every newcomer has taken its seat (up to `seat_timeout`) and every rank and newcomer has
+    met (up to the group's timeout).
 
     Parameters
     ----------
@@ -34,6 +35,10 @@ def grow_group(newcomers, *, store=None):
         The job's store (the newcomers are given it); None takes the default group's. Seats and
         the meeting are keyed in the store under its prefixes (``PrefixStore`` wrappers are
         looked through), named by the group's session.
+    seat_timeout : datetime.timedelta, optional
+        How long rank 0 waits for the newcomers to take their seats (the other ranks wait twice
+        as long for its outcome); None takes the default group's timeout (init_process_group's,
+        30 minutes unless given), as a replacement process may take minutes to start.
 
     Returns
     -------
@@ -45,8 +50,10 @@ def grow_group(newcomers, *, store=None):
     ValueError
         `newcomers` below 1, a world past the supported maximum, or the default group is not a
         "ud" group.
+    TypeError
+        `seat_timeout` is not a timedelta.
     TransportError
-        A newcomer did not take its seat within the group's timeout: the default group is then
+        A newcomer did not take its seat within `seat_timeout`: the default group is then
         as it was (nothing was destroyed) and the seats are withdrawn, so a newcomer that comes
         later waits for the next grow. Or, after the seats were taken, not every rank and
         newcomer met within the timeout (the old group is destroyed by then).
@@ -60,11 +67,14 @@ def grow_group(newcomers, *, store=None):
     if not isinstance(group, ProcessGroupUD):
         raise ValueError(f"grow_group grows a default group on backend 'ud', not on {dist.get_backend()!r}")
     membership.check_growth(group.size(), newcomers)
+    if seat_timeout is not None and not isinstance(seat_timeout, datetime.timedelta):
+        raise TypeError(f"seat_timeout must be a datetime.timedelta, got {type(seat_timeout).__name__}")
     store = _root(store if store is not None else c10d._get_default_store())
     rank, size, session = group.rank(), group.size(), group.communicator.session_id
     timeout, options = group._timeout, group.config
     attempt, group.grows_tried = group.grows_tried, group.grows_tried + 1
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else group.communicator.options.store_timeout_s
+    waited = seat_timeout if seat_timeout is not None else timeout
+    seconds = waited.total_seconds() if isinstance(waited, datetime.timedelta) else group.communicator.options.store_timeout_s
     key = seats.settle_grow(store, FAMILY, session, attempt, rank, size, newcomers, seconds)
     dist.destroy_process_group()  # only now: a grow whose newcomers did not come leaves the group standing
     return _meet(store, key, rank, size + newcomers, timeout, options)
