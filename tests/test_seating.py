@@ -117,6 +117,27 @@ def test_a_late_rank_0_cannot_grow_alone_after_the_others_gave_up():
     assert error is None and keys == {seat.key} and seat.attempt == 1, (error, keys)
 
 
+def test_a_rank_0_that_offered_seats_and_then_lost_the_decision_fails_with_the_others():
+    """Rank 1 gives up on rank 0 at twice the grow's timeout (2 s); rank 0 comes 1.5 s late,
+    offers two seats, one newcomer takes one, and rank 0 withdraws the other at its own timeout
+    (2.5 s), after rank 1 decided: both ranks raise rank 1's outcome, and the seated newcomer
+    waits for the next grow, which seats it."""
+    import time
+
+    store = _store()
+    newcomer = Background(seats.take_seat, store, "job", 30)
+    gave_up = Background(seats.settle_grow, store, "job", 0xABC, 0, 1, 2, 2, 1.0)
+    time.sleep(1.5)
+    with pytest.raises(TransportError, match="rank 0 did not settle"):
+        seats.settle_grow(store, "job", 0xABC, 0, 0, 2, 2, 1.0)
+    assert "rank 0 did not settle" in str(gave_up.outcome()[1])
+    assert newcomer.is_alive(), "the newcomer was seated by a grow that failed"
+    keys = {rank.outcome()[0] for rank in [Background(seats.settle_grow, store, "job", 0xABC, 1, rank, 2, 1, 10)
+                                            for rank in (0, 1)]}
+    seat, error = newcomer.outcome()
+    assert error is None and keys == {seat.key} and (seat.attempt, seat.rank) == (1, 2), (error, keys)
+
+
 def test_a_seat_offered_by_a_rank_0_that_died_is_not_taken_for_good():
     """Rank 0 offers a seat and dies before settling (its offer is made here by hand); a newcomer
     takes the seat. Rank 1 gives up on rank 0 and fails the grow, and the newcomer, reading that,

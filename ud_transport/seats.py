@@ -26,6 +26,7 @@ grow then fails at the meeting).
 
 Needs only set, get, check, wait and add(key, 1) of the store, as the rendezvous does."""
 import datetime
+import math
 import time
 
 from .errors import TransportError
@@ -36,6 +37,8 @@ OUTCOME_WAIT_FACTOR = 2
 # Whoever decides a grow's outcome writes it right after: this bounds the others' wait for it.
 DECIDED_WRITE_S = 30.0
 OK = "ok"
+# A wait of "forever" (an infinite or huge timeout) is this long: timedelta and the stores take it.
+LONGEST_WAIT_S = 1e7
 
 
 class Seat:
@@ -75,10 +78,11 @@ def _outcome(family, session_id, attempt):
 
 def _wait(store, keys, timeout_s):
     """True when every key exists within `timeout_s`, False at the timeout."""
+    seconds = min(max(timeout_s, 0.001), LONGEST_WAIT_S) if math.isfinite(timeout_s) else LONGEST_WAIT_S
     try:
-        store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.001)))
+        store.wait(keys, datetime.timedelta(seconds=seconds))
         return True
-    except Exception:  # torch raises RuntimeError or its DistStoreError subclass, by version and store
+    except (RuntimeError, TimeoutError):  # torch's DistStoreError is a RuntimeError; a store of our own may time out so
         return False
 
 
@@ -99,8 +103,9 @@ def settle_grow(store, family, session_id, attempt, rank, world_size, newcomers,
         the group has changed.
     """
     outcome_key = _outcome(family, session_id, attempt)
-    if rank == 0 and not store.check([outcome_key]):  # decided already: the others gave up on this rank
-        grow = f"{session_id:016x}:{attempt}:{world_size}:{newcomers}:{timeout_s!r}"
+    decided = store.check([outcome_key]) or store.check([f"{outcome_key}/decided"])
+    if rank == 0 and not decided:  # decided already: the others gave up on this rank, offer nothing
+        grow = f"{session_id:016x}:{attempt}:{world_size}:{newcomers}:{float(timeout_s)!r}"
         tickets = _offer(store, family, grow, newcomers)
         withdrawn = []
         if not _wait(store, [f"{_seat(family, ticket)}/confirmed" for ticket in tickets], timeout_s):
@@ -163,11 +168,10 @@ def take_seat(store, family, timeout_s):
         store.set(f"{seat_key}/confirmed", "1")  # what the grow waits on: a store's add need not wake a wait
         # Taken: this newcomer is in unless the grow fails, so it waits as long as any rank of the grow may
         outcome_key = _outcome(family, seat.session_id, seat.attempt)
-        if not _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * seat.grow_timeout_s + DECIDED_WRITE_S):
-            raise TransportError(f"newcomer of '{family}' (ticket {ticket}): the grow that seated it gave no outcome "
-                                 f"within {OUTCOME_WAIT_FACTOR * seat.grow_timeout_s + DECIDED_WRITE_S:g} s")
-        if _read_outcome(store, outcome_key) == OK:
+        if _wait(store, [outcome_key], OUTCOME_WAIT_FACTOR * seat.grow_timeout_s + DECIDED_WRITE_S) and \
+                _read_outcome(store, outcome_key) == OK:
             return seat
+        # failed, or no outcome at all (whoever decided it died before writing it): the next grow, if time is left
         if time.monotonic() >= deadline:
             raise TransportError(f"no group of '{family}' grew to seat this newcomer within {timeout_s:g} s (the last "
-                                 "grow that seated it failed: another newcomer or a rank did not come)")
+                                 "grow that seated it failed or gave no outcome: a newcomer or a rank did not come)")
