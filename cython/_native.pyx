@@ -391,11 +391,13 @@ cdef class Engine:
 
 def run_striped(list engines, list inputs, list outputs, list counts, list weights, *, int collective, int algorithm,
                 int dtype, int op, int estimator, uint32_t root, double loss_budget, double deadline_s,
-                uint32_t copies=1, uint32_t write_on_budget_miss=0):
+                uint32_t copies=1, uint32_t write_on_budget_miss=0, bint signals=False):
     """Run one collective as len(engines) stripes at once, stripe k being counts[k] elements
     at inputs[k] / outputs[k] on engines[k] (engine.h: udt_collective_striped). Returns
     (status, merged stats dict, index of the stripe whose status it is, NativeError or None
-    when status is STATUS_OK). Every stripe's output holds its result only on STATUS_OK."""
+    when status is STATUS_OK). Every stripe's output holds its result only on STATUS_OK.
+    signals: as Engine.run's, for stripe 0, which runs on the calling thread; its interruption
+    ends the other stripes too, and the handler's exception is raised here."""
     cdef uint32_t n = len(engines)
     if not 1 <= n <= UDT_MAX_STRIPES or not len(inputs) == len(outputs) == len(counts) == len(weights) == n:
         raise ValueError(f"1 to {UDT_MAX_STRIPES} stripes, with an input, output, count and weight each")
@@ -415,8 +417,15 @@ def run_striped(list engines, list inputs, list outputs, list counts, list weigh
         shares[k] = weights[k]
         fill_args(&args[k], collective, algorithm, inputs[k], outputs[k], counts[k], dtype, op, estimator, root, 0,
                   loss_budget, deadline_s, 0, 0, copies, 0, 0, write_on_budget_miss)
+        udt_comm_set_wait_hook(engine.comm, NULL, NULL)  # stripes 1.. run on threads of their own
+    cdef Engine first = engines[0]
+    if signals:
+        udt_comm_set_wait_hook(first.comm, run_signal_handlers, <void *>first)
     with nogil:
         status = udt_collective_striped(comms, args, stats, shares, n, &merged, &failed)
+    if first.signal_error is not None:
+        error, first.signal_error = first.signal_error, None
+        raise error
     engine = engines[failed]
     return status, merged, failed, native_error(udt_comm_error(engine.comm)) if status != UDT_OK else None
 

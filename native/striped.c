@@ -27,10 +27,12 @@ static void *stripe_to_verdict(void *p)
     /* Ranks that disagree on a call's layout can disagree on whether it is striped (its size
      * decides), and then a striped rank's other stripes would wait out the join timeout for
      * ranks that never run them. Every rank runs stripe 0 and learns the mismatch there, so it
-     * ends the others at once. Only a mismatch does: ending stripes on other failures would
-     * leave their peers waiting in verdict rounds that this rank had left. */
+     * ends the others at once. So does an interruption (stripe 0's wait hook: Ctrl-C on the
+     * caller's thread), which has left stripe 0's peers already, as if this rank had died.
+     * Nothing else does: ending stripes on other failures would leave their peers waiting in
+     * verdict rounds that this rank had left. */
     job->status = job->rc != UDT_OK ? job->rc : udt_collective_verdict(job->comm);
-    if (job->status == UDT_ERR_LAYOUT_MISMATCH)
+    if (job->status == UDT_ERR_LAYOUT_MISMATCH || job->status == UDT_ERR_INTERRUPTED)
         __atomic_store_n(job->cancel, 1, __ATOMIC_RELEASE);
     return NULL;
 }

@@ -54,3 +54,30 @@ def handler_runs_during_the_call(comm, late_s):
         signal.signal(signal.SIGUSR1, previous)
     ended = time.monotonic()
     return bool(np.all(tensor == comm.world_size)), handled[0] - sent[0], ended - handled[0]
+
+
+def striped_interrupted_by_ctrl_c(comm, late_s, elements):
+    """As interrupted_by_ctrl_c, for a call run as stripes (stripe 0 on the main thread, the
+    others on threads of their own): both ranks all-reduce `elements` once (its stats say how
+    many stripes ran), then rank 1 stays away for late_s while SIGINT reaches rank 0 0.3 s into
+    its second call. Returns (stripes of the first call, what the second raised, seconds from the
+    signal to the raise, whether the tensor kept its values); rank 1 returns the stripes only."""
+    tensor = np.ones(elements, dtype=np.float32)
+    stripes = comm.allreduce(tensor, loss_budget=0.1).stripes
+    if comm.rank != 0:
+        time.sleep(late_s)
+        return stripes
+    tensor = np.arange(elements, dtype=np.float32)
+    kept = tensor.copy()
+    sent = []
+
+    def ctrl_c():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Timer(0.3, ctrl_c).start()
+    try:
+        comm.allreduce(tensor, loss_budget=0.1, deadline=late_s * 4)
+        raised = None
+    except KeyboardInterrupt:
+        raised = "KeyboardInterrupt"
+    return stripes, raised, time.monotonic() - sent[0], bool(np.array_equal(tensor, kept))

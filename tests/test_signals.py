@@ -25,3 +25,15 @@ def test_a_signal_handler_that_does_not_raise_runs_during_the_call_and_the_call_
     assert summed, outcome
     assert to_handler_s < 0.5, outcome  # not held until the call ended
     assert handler_to_end_s > 0.3, outcome  # the call went on waiting for its peer after it
+
+
+def test_ctrl_c_ends_a_striped_call_on_every_stripe():
+    """Stripe 0 runs on the main thread and hears Ctrl-C; the other stripes, on threads of their
+    own, end with it (as after a layout mismatch) instead of waiting out the deadline."""
+    with LocalCluster(2, stripes=2) as cluster:
+        outcome = cluster.run(signal_tasks.striped_interrupted_by_ctrl_c, 5.0, 1 << 20, timeout_s=60)[0]
+    stripes, raised, after_signal_s, kept = outcome
+    assert stripes == 2, f"the call ran as {stripes} stripes: the test needs it striped"
+    assert raised == "KeyboardInterrupt", outcome
+    assert after_signal_s < 1.0, outcome
+    assert kept, "the interrupted all-reduce changed its tensor"

@@ -801,7 +801,7 @@ class Communicator:
                     stripes, *self._stripe_layout(target, len(stripes)), collective=collective,
                     algorithm=algorithms.CODES[algorithm_name], dtype=target.dtype_code, op=op_value,
                     estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s, copies=copies,
-                    write_on_budget_miss=on_miss == "return")
+                    write_on_budget_miss=on_miss == "return", signals=threading.current_thread() is threading.main_thread())
             else:
                 status, raw, native_error = self._engine.run(
                     collective=collective, algorithm=algorithms.CODES[algorithm_name],
