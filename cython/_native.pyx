@@ -397,7 +397,8 @@ def run_striped(list engines, list inputs, list outputs, list counts, list weigh
     (status, merged stats dict, index of the stripe whose status it is, NativeError or None
     when status is STATUS_OK). Every stripe's output holds its result only on STATUS_OK.
     signals: as Engine.run's, for stripe 0, which runs on the calling thread; its interruption
-    ends the other stripes too, and the handler's exception is raised here."""
+    ends the other stripes too, and the handler's exception is raised here. Heard only while
+    stripe 0 runs: once it has its verdict the thread waits for the other stripes unhooked."""
     cdef uint32_t n = len(engines)
     if not 1 <= n <= UDT_MAX_STRIPES or not len(inputs) == len(outputs) == len(counts) == len(weights) == n:
         raise ValueError(f"1 to {UDT_MAX_STRIPES} stripes, with an input, output, count and weight each")

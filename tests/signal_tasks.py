@@ -74,3 +74,34 @@ def striped_interrupted_by_ctrl_c(comm, late_s, elements):
         time.sleep(late_s)
         return stripes
     return (stripes, *_all_reduce_under_ctrl_c(comm, elements, late_s))
+
+
+def handler_closes_the_communicator(comm, late_s):
+    """Rank 0's call waits late_s for rank 1; a SIGTERM handler runs the interrupt() docstring's
+    `comm.interrupt(); comm.close()` inside that call (the call holds the communicator's lock).
+    Returns (what the call raised, seconds from the signal to the raise, whether the communicator
+    is closed after it)."""
+    import ud_transport
+
+    if comm.rank != 0:
+        time.sleep(late_s)
+        return None
+    sent = []
+
+    def stop(signum, frame):
+        comm.interrupt()
+        comm.close()
+    previous = signal.signal(signal.SIGTERM, stop)
+
+    def terminate():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Timer(0.3, terminate).start()
+    try:
+        comm.allreduce(np.ones(1000, dtype=np.float32), loss_budget=0.1, deadline=late_s * 4)
+        raised = None
+    except ud_transport.TransportError as error:
+        raised = str(error)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return raised, time.monotonic() - sent[0], comm.closed

@@ -37,3 +37,14 @@ def test_ctrl_c_ends_a_striped_call_on_every_stripe():
     assert raised == "KeyboardInterrupt", outcome
     assert after_signal_s < 1.0, outcome
     assert kept, "the interrupted all-reduce changed its tensor"
+
+
+def test_a_handler_that_closes_the_communicator_ends_the_call_and_closes_it_after():
+    """close() from a handler inside this thread's own call cannot take the lock the call holds:
+    it interrupts the call and releases once the call has ended (it used to wait for the lock
+    forever)."""
+    with LocalCluster(2) as cluster:
+        outcome = cluster.run(signal_tasks.handler_closes_the_communicator, 5.0, timeout_s=60)[0]
+    raised, after_signal_s, closed = outcome
+    assert raised is not None and "interrupted" in raised, outcome
+    assert after_signal_s < 1.0 and closed, outcome

@@ -162,6 +162,8 @@ class Communicator:
         self._engine = None
         self._stripes = []  # this rank's engines, one per stripe; the first is self._engine
         self._overflow_warned = False
+        self._calling = None  # the thread running a call on this communicator (its ident), else None
+        self._close_after_call = False  # close() came from a signal's handler inside that call
         self.family = name or f"comm{next(_creation_counter)}"  # kept by the groups shrink() and grow() make
         self._grows_tried = 0  # grows tried on this group, the same count on every rank: names each grow's keys
         prefix = f"ud_transport/{self.family}"
@@ -796,21 +798,28 @@ class Communicator:
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
             stripes = None if direct_output or layout_salt else self._stripes_for(collective, nbytes, mask_address)
-            if stripes:
-                status, raw, _, native_error = _native.run_striped(
-                    stripes, *self._stripe_layout(target, len(stripes)), collective=collective,
-                    algorithm=algorithms.CODES[algorithm_name], dtype=target.dtype_code, op=op_value,
-                    estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s, copies=copies,
-                    write_on_budget_miss=on_miss == "return", signals=threading.current_thread() is threading.main_thread())
-            else:
-                status, raw, native_error = self._engine.run(
-                    collective=collective, algorithm=algorithms.CODES[algorithm_name],
-                    input=source.address if source else 0, output=target.address if target else 0, count=count,
-                    dtype=target.dtype_code if target else 0, op=op_value, estimator=estimator_value, root=root,
-                    agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
-                    chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
-                    layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return",
-                    signals=threading.current_thread() is threading.main_thread())  # Ctrl-C ends a call that waits
+            signals = threading.current_thread() is threading.main_thread()  # Ctrl-C ends a call that waits
+            self._calling = threading.get_ident()  # close() from a signal's handler in this call waits for its end
+            try:
+                if stripes:
+                    status, raw, _, native_error = _native.run_striped(
+                        stripes, *self._stripe_layout(target, len(stripes)), collective=collective,
+                        algorithm=algorithms.CODES[algorithm_name], dtype=target.dtype_code, op=op_value,
+                        estimator=estimator_value, root=root, loss_budget=budget, deadline_s=deadline_s,
+                        copies=copies, write_on_budget_miss=on_miss == "return", signals=signals)
+                else:
+                    status, raw, native_error = self._engine.run(
+                        collective=collective, algorithm=algorithms.CODES[algorithm_name],
+                        input=source.address if source else 0, output=target.address if target else 0, count=count,
+                        dtype=target.dtype_code if target else 0, op=op_value, estimator=estimator_value, root=root,
+                        agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
+                        chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
+                        layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return",
+                        signals=signals)
+            finally:
+                self._calling = None
+                if self._close_after_call:
+                    self._close_engines()
         stats = CollectiveStats.from_native(raw, collective=collectives.NAMES[collective], algorithm=algorithm_name,
                                             transport=self.transport_name)
         if stats.receive_overflow_drops and not self._overflow_warned:
@@ -1046,17 +1055,30 @@ class Communicator:
     def close(self):
         """Release the socket and buffers. Safe to call more than once.
 
-        Peers still in a call with this rank see it as gone (UDP: its port is closed).
+        Peers still in a call with this rank see it as gone (UDP: its port is closed). From a
+        signal's handler that runs inside a call on this communicator (a call on the main thread
+        runs them while it waits), it interrupts that call, which then raises TransportError
+        ("interrupted"), and releases as the call ends.
 
         Examples
         --------
         >>> comm.close()  # doctest: +SKIP
         """
+        if self._calling == threading.get_ident():
+            # a signal's handler, run inside this thread's own call (the engine's wait hook), which
+            # holds the lock: end the call now and release when it has ended
+            self._close_after_call = True
+            self.interrupt()
+            return
         with self._lock:
-            for engine in self._stripes:  # stripe 0 is self._engine
-                engine.close()
-            self._stripes = []
-            self._engine = None
+            self._close_engines()
+
+    def _close_engines(self):
+        """close() itself, the lock held."""
+        for engine in self._stripes:  # stripe 0 is self._engine
+            engine.close()
+        self._stripes = []
+        self._engine = None
 
     @property
     def closed(self):

@@ -33,6 +33,7 @@ WORLD, VICTIM = 3, 2
 DEADLINE = 8.0
 LARGE = 4 << 20  # float32 elements: a call long enough under TCG for the kill to land inside it
 KILL_AFTER_S = 0.15
+RANKS_WAIT_S = 300  # well inside the host's guest timeout (tests/test_verbs_torch.py), which also covers boot and import
 # As guest_allreduce.py (TCG is slow), and a join timeout that bounds the wait should the kill land
 # before the survivors' call has met the victim: under TCG the c10d path before the engine takes
 # long, so the 0.15 s may fall on either side of the meeting (verbs has no ICMP to say "gone").
@@ -91,7 +92,7 @@ def test_shrink_group_after_a_rank_dies_on_verbs():
         child.close()
         children.append((rank, process, parent))
     results = {}
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + RANKS_WAIT_S
     for rank, process, connection in children:
         if connection.poll(max(deadline - time.monotonic(), 0)):
             try:
