@@ -2,6 +2,7 @@
 import datetime
 import ipaddress
 import logging
+import math
 import os
 import secrets
 import socket
@@ -169,10 +170,15 @@ def _displaced_note(rank, displaced):
             f"as rank {rank}, or an attempt that died)")
 
 
-def _wait(store, keys, seconds):
+# A wait of "forever" (an infinite or huge timeout) is this long: timedelta and the stores take it.
+LONGEST_WAIT_S = 1e7
+
+
+def wait_for(store, keys, seconds):
     """store.wait that returns whether the keys are all there (stores raise on the timeout)."""
+    seconds = min(max(seconds, 0.01), LONGEST_WAIT_S) if math.isfinite(seconds) else LONGEST_WAIT_S
     try:
-        store.wait(keys, datetime.timedelta(seconds=max(seconds, 0.01)))
+        store.wait(keys, datetime.timedelta(seconds=seconds))
         return True
     except Exception:
         return store.check(keys)
@@ -194,7 +200,7 @@ def _try_round(store, base, rank, world_size, identity, deadline, timeout_s, dis
     seen, disagreeing, interval = {rank}, None, 0.25
     while len(seen) < world_size and disagreeing is None:
         unseen = [r for r in range(world_size) if r not in seen]
-        _wait(store, [identity_keys[r] for r in unseen], min(interval, deadline - time.monotonic()))
+        wait_for(store, [identity_keys[r] for r in unseen], min(interval, deadline - time.monotonic()))
         interval = min(interval * 2, 4.0)  # returns as soon as all are there; else look at who is, less often
         for r in unseen:
             if store.check([identity_keys[r]]):
@@ -214,7 +220,7 @@ def _try_round(store, base, rank, world_size, identity, deadline, timeout_s, dis
     # attempt's, which neither passes nor fails the check.
     store.set(ready_keys[rank], "1")
     waiting_for = [disagreeing[0]] if disagreeing else range(world_size)
-    if not _wait(store, [ready_keys[r] for r in waiting_for], deadline - time.monotonic()):
+    if not wait_for(store, [ready_keys[r] for r in waiting_for], deadline - time.monotonic()):
         if store.check([abandoned]):
             return _ABANDONED
         raise missing_error([r for r in waiting_for if not store.check([ready_keys[r]])])

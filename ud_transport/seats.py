@@ -25,11 +25,10 @@ draws that ticket waits out its own time), and a seated newcomer dying before th
 grow then fails at the meeting).
 
 Needs only set, get, check, wait and add(key, 1) of the store, as the rendezvous does."""
-import datetime
-import math
 import time
 
 from .errors import TransportError
+from .rendezvous import wait_for as _wait
 
 # The ranks other than rank 0 wait this many times the grow's timeout for its outcome: rank 0
 # may reach the grow later than they do and then waits its full timeout for the newcomers.
@@ -37,8 +36,6 @@ OUTCOME_WAIT_FACTOR = 2
 # Whoever decides a grow's outcome writes it right after: this bounds the others' wait for it.
 DECIDED_WRITE_S = 30.0
 OK = "ok"
-# A wait of "forever" (an infinite or huge timeout) is this long: timedelta and the stores take it.
-LONGEST_WAIT_S = 1e7
 
 
 class Seat:
@@ -74,16 +71,6 @@ def _seat(family, ticket):
 
 def _outcome(family, session_id, attempt):
     return f"{_base(family)}/grow/{session_id:016x}/{attempt}/outcome"
-
-
-def _wait(store, keys, timeout_s):
-    """True when every key exists within `timeout_s`, False at the timeout."""
-    seconds = min(max(timeout_s, 0.001), LONGEST_WAIT_S) if math.isfinite(timeout_s) else LONGEST_WAIT_S
-    try:
-        store.wait(keys, datetime.timedelta(seconds=seconds))
-        return True
-    except (RuntimeError, TimeoutError):  # torch's DistStoreError is a RuntimeError; a store of our own may time out so
-        return False
 
 
 def settle_grow(store, family, session_id, attempt, rank, world_size, newcomers, timeout_s):
