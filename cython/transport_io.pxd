@@ -24,6 +24,7 @@ cdef extern from "transport.h" nogil:
         uint32_t header_bytes
         const void *payload
         uint32_t payload_bytes
+        uint32_t flags
 
     struct udt_recv_item:
         const uint8_t *data

@@ -52,7 +52,8 @@ int udt_send_control(struct call *c, uint32_t peer, const struct udt_control *m)
     int n = m->copies < 1 ? 1 : m->copies < UDT_MAX_END_REPEATS ? m->copies : UDT_MAX_END_REPEATS;
     for (int i = 0; i < n; i++)
         items[i] = (struct udt_send_item){.peer = peer, .header = slot, .header_bytes = UDT_WIRE_HEADER_BYTES,
-                                          .payload = m->payload, .payload_bytes = h.payload_bytes};
+                                          .payload = m->payload, .payload_bytes = h.payload_bytes,
+                                          .flags = i ? UDT_SEND_APART : 0u};
     int rc = udt_transport_send(comm->transport, items, n);
     if (rc > 0) {
         c->stats->datagrams_sent += (uint64_t)rc;

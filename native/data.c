@@ -185,7 +185,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         state->send_counted = 1;
     }
     /* with copies, the step is sent `copies` times over: pass k sends position k * chunks + chunk */
-    uint32_t position = state->sent_chunk, end = passes_end(c, g);
+    uint32_t position = state->sent_chunk, end = passes_end(c, g), queued_pass = UINT32_MAX;
     for (; position < end && b->n < SEND_BATCH; position++) {
         uint32_t chunk = position % chunk_count;
         /* a credit is a position, and covers at most a window beyond what we had sent
@@ -220,7 +220,11 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
         }
         b->items[b->n] = (struct udt_send_item){.peer = (uint32_t)step->send_peer, .header = comm->headers[b->n],
                                                 .header_bytes = UDT_WIRE_HEADER_BYTES, .payload = payload,
-                                                .payload_bytes = h.payload_bytes};
+                                                .payload_bytes = h.payload_bytes,
+                                                /* a later pass starts a message: copies go apart from the originals */
+                                                .flags = position >= chunk_count && position / chunk_count != queued_pass
+                                                             ? UDT_SEND_APART : 0u};
+        queued_pass = position / chunk_count;
         b->step[b->n] = g;
         b->chunk[b->n++] = position;
         peer->in_call.chunks_queued++;

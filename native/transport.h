@@ -20,12 +20,20 @@
 
 #define UDT_ADDRESS_MAX 64
 
+/* flags of a send item */
+/* The item repeats one sent earlier in the same batch (a copy): it starts a kernel message of its
+ * own. Copies inside one GSO message are one packet until segmentation, and whatever drops that
+ * packet whole (a qdisc, netfilter on loopback or on a bridge of containers, netem) drops them
+ * all, which is the one loss copies are there to survive. */
+#define UDT_SEND_APART 1u
+
 struct udt_send_item {
     uint32_t peer;
     const void *header;
     uint32_t header_bytes;
     const void *payload;
     uint32_t payload_bytes;
+    uint32_t flags; /* UDT_SEND_* */
 };
 
 struct udt_recv_item {

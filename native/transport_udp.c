@@ -7,7 +7,8 @@
  *    iovec is [header1, payload1, header2, payload2, ...]; the kernel (or the
  *    NIC) cuts it into datagrams of that size. One message holds at most
  *    UDP_GSO_MAX_SEGMENTS datagrams and UDP_GSO_MAX_BYTES bytes. Payloads
- *    are still read straight from the caller's memory.
+ *    are still read straight from the caller's memory. An item marked
+ *    UDT_SEND_APART (a copy) starts a message of its own.
  *  - GRO (UDP_GRO): one receive may return many datagrams of one sender
  *    back to back; a control message gives their size and recv_batch splits
  *    them into separate items (the last may be shorter).
@@ -284,7 +285,8 @@ static int gso_run(const struct udp_transport *u, const struct udt_send_item *it
     while (run < count && run < UDP_GSO_MAX_SEGMENTS && 2 * (run + 1) <= iov_room) {
         const struct udt_send_item *item = &items[run];
         uint32_t bytes = item_bytes(item);
-        if (item->peer != items[0].peer || bytes == 0 || bytes > size || total + bytes > UDP_GSO_MAX_BYTES)
+        if (item->peer != items[0].peer || bytes == 0 || bytes > size || total + bytes > UDP_GSO_MAX_BYTES ||
+            (item->flags & UDT_SEND_APART))
             break;
         total += bytes;
         run++;

@@ -611,3 +611,29 @@ def allreduce_on_miss(comm, count, loss_budget, on_miss, deadline):
     except ud_transport.TransportError as error:
         stats = getattr(error, "stats", None)
         return type(error).__name__, stats.budget_missed if stats else None, bool(np.array_equal(tensor, before))
+
+
+def exact_calls_between_store_barriers(comm, calls):
+    """`calls` exact int32 allreduces of 4 KiB, each after a barrier through the store (so that no
+    rank's next call starts before every rank has returned: a rank's next call cannot stand in
+    for a lost acknowledgement). Returns (acknowledgements presumed, calls whose sum was wrong)."""
+    from ud_transport import exact
+
+    tensor = torch.empty(1024, dtype=torch.int32)
+    presumed = wrong = 0
+    for call in range(calls):
+        tensor.fill_(comm.rank + 1)
+        comm.store.set(f"apart/{call}/{comm.rank}", b"1")
+        comm.store.wait([f"apart/{call}/{r}" for r in range(comm.world_size)])
+        presumed += sum(stats.verdict_acks_presumed for stats in exact.allreduce(comm, tensor))
+        wrong += not bool(torch.all(tensor == comm.world_size * (comm.world_size + 1) // 2))
+    return presumed, wrong
+
+
+def gso_counts_of_a_broadcast_in_copies(comm, count, copies):
+    """A broadcast of `count` float32 from rank 0 sent `copies` times: this rank's UDP transport's
+    (GSO messages, datagrams in them) during the call."""
+    before = comm.udp_counters()
+    comm.broadcast(np.full(count, 1.0 + comm.rank, dtype=np.float32), 0, loss_budget=0.0, copies=copies)
+    after = comm.udp_counters()
+    return tuple(after[name] - before[name] for name in ("send_gso_messages", "send_gso_datagrams"))

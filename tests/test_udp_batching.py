@@ -18,8 +18,8 @@ import pytest
 import ud_transport
 from conftest import get_cluster, skip_or_fail
 from support import child_environment
-from udp_ctypes import (UDT_UDP_DROPS_COUNTED, UDT_UDP_GRO, UDT_UDP_GSO, UDT_UDP_GSO_REFUSED, UDT_UDP_PATH_MTU_IGNORED,
-                        UDT_UDP_RCVBUF_FORCED, Udp, lib)
+from udp_ctypes import (UDT_SEND_APART, UDT_UDP_DROPS_COUNTED, UDT_UDP_GRO, UDT_UDP_GSO, UDT_UDP_GSO_REFUSED,
+                        UDT_UDP_PATH_MTU_IGNORED, UDT_UDP_RCVBUF_FORCED, Udp, lib)
 
 
 def header(tag, index):
@@ -129,6 +129,24 @@ def test_coalesced_send_of_mixed_sizes_and_peers_is_delivered_exactly(transports
             assert receiver.counters["recv_gro_messages"] == 0
     assert sender.counters["send_messages"] == expected_messages(sent, sender.max_datagram_bytes)
     assert sender.counters["send_gso_messages"] >= 8
+
+
+def test_a_copy_starts_a_message_of_its_own(transports):
+    """An item marked UDT_SEND_APART (a copy of one before it) is not folded into the GSO message
+    before it: on loopback, and wherever a packet is dropped before segmentation, one message is
+    one fate. Three copies of a control message, then a run: four messages, the last a GSO one."""
+    sender, receiver = transports(2)
+    require_gso_gro(sender, receiver)
+    sender.set_peers(receiver)
+    receiver.set_peers(sender)
+    copy = datagram("ctl", 0, 100)
+    sent = [(0, *copy), (0, *copy, UDT_SEND_APART), (0, *copy, UDT_SEND_APART)] + \
+        [(0, *datagram("run", i, 100)) for i in range(5)]
+    sender.send(sent)
+    got = receiver.receive(len(sent))
+    assert [data for _, data in got] == [h + p for _, h, p, *_ in sent]
+    assert sender.counters["send_messages"] == 3
+    assert sender.counters["send_gso_messages"] == 1 and sender.counters["send_gso_datagrams"] == 6
 
 
 def test_gso_and_gro_off_by_environment_give_the_plain_path(transports, monkeypatch):
@@ -393,6 +411,20 @@ SEND_BATCH = 32  # native/engine_internal.h (a build with -DSEND_BATCH=N, for me
 
 
 COUNTED_SETUPS = {"plain": {}, "loss wrapper": {"inject": ud_transport.Bernoulli(0.0, seed=1)}, "2 stripes": {"stripes": 2}}
+
+
+def test_each_pass_of_a_call_in_copies_goes_in_messages_of_its_own():
+    """A broadcast sent in 3 copies goes out as three passes, each in the GSO messages one pass
+    alone makes: no pass is folded into another's message, where one dropped packet would take a
+    chunk and its copies together (tests/test_kernel_loss.py shows what that cost)."""
+    import tasks
+
+    cluster = get_cluster(2, chunk_bytes=1400)
+    once = cluster.run(tasks.gso_counts_of_a_broadcast_in_copies, 1000, 1)[0]  # the root's
+    thrice = cluster.run(tasks.gso_counts_of_a_broadcast_in_copies, 1000, 3)[0]
+    if once == (0, 0):
+        skip_or_fail("this kernel gives no UDP GSO on loopback")
+    assert thrice == (3 * once[0], 3 * once[1]), (once, thrice)
 
 
 @pytest.mark.parametrize("setup", COUNTED_SETUPS)

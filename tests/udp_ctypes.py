@@ -12,9 +12,12 @@ UDT_UDP_GSO, UDT_UDP_GRO, UDT_UDP_RCVBUF_FORCED, UDT_UDP_GSO_REFUSED, UDT_UDP_DR
 UDT_UDP_PATH_MTU_IGNORED = _native.UDP_PATH_MTU_IGNORED
 
 
+UDT_SEND_APART = 1  # native/transport.h
+
+
 class SendItem(ctypes.Structure):
     _fields_ = [("peer", ctypes.c_uint32), ("header", ctypes.c_void_p), ("header_bytes", ctypes.c_uint32),
-                ("payload", ctypes.c_void_p), ("payload_bytes", ctypes.c_uint32)]
+                ("payload", ctypes.c_void_p), ("payload_bytes", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
 
 
 class RecvItem(ctypes.Structure):
@@ -77,11 +80,14 @@ class Udp:
         assert self.ops.set_peers(self.ptr, blob, 6, len(transports)) == 0
 
     def send(self, datagrams, timeout=5.0):
-        """datagrams: [(peer, header, payload)], handed over in one send_batch call where the socket takes them."""
-        keep = [(ctypes.create_string_buffer(h, len(h)), ctypes.create_string_buffer(p, len(p))) for _, h, p in datagrams]
+        """datagrams: [(peer, header, payload)] or [(peer, header, payload, flags)], handed over in one
+        send_batch call where the socket takes them."""
+        keep = [(ctypes.create_string_buffer(d[1], len(d[1])), ctypes.create_string_buffer(d[2], len(d[2])))
+                for d in datagrams]
         items = (SendItem * len(datagrams))(*[
-            SendItem(peer, ctypes.addressof(h), len(header), ctypes.addressof(p) if payload else None, len(payload))
-            for (peer, header, payload), (h, p) in zip(datagrams, keep)])
+            SendItem(d[0], ctypes.addressof(h), len(d[1]), ctypes.addressof(p) if d[2] else None, len(d[2]),
+                     d[3] if len(d) > 3 else 0)
+            for d, (h, p) in zip(datagrams, keep)])
         done, deadline = 0, time.monotonic() + timeout
         while done < len(datagrams):
             rc = self.ops.send_batch(self.ptr, ctypes.cast(ctypes.byref(items, done * ctypes.sizeof(SendItem)),
