@@ -18,6 +18,9 @@ Arms, from the same initial parameters and the same batches (batch b of a step g
                          beyond it is the cost of the dead rank's lost state
   ud kill+rejoin         as "ud kill", and at step T a new process joins (grow) and takes its
                          shard exactly; the rest of the run is at the full size again
+  ud kill+copy,          "ud kill" and "ud kill+rejoin" with each shard's optimizer state copied
+  ud kill+rejoin+copy    to the next rank every --replicate-every steps (replicate_every): the
+                         dead rank's shard takes its state from that copy instead of restarting
 The time lost is measured from the kill: on "ud" until the survivors run the failed step again
 (regrouped); on Gloo until the restarted job is back at step S.
 
@@ -73,7 +76,8 @@ def run_ud(cluster_comm, arm, config):
     store = dist.TCPStore("127.0.0.1", config["store_port"], is_master=False)
     ranks, family = config["ranks"], f"{arm['name']}-{config['seed']}".replace(" ", "-")
     options = options_module.build(inject=tul.loss_model(config["loss"], seed=config["seed"] + cluster_comm.rank))
-    make = dict(loss_budget=1.0, deadline=config["deadline"], copies=1)
+    make = dict(loss_budget=1.0, deadline=config["deadline"], copies=1,
+                replicate_every=config["replicate_every"] if arm.get("copy") else None)
     events = []
     if cluster_comm.rank == ranks:  # the spare
         if not arm.get("rejoin"):
@@ -123,7 +127,8 @@ def run_ud(cluster_comm, arm, config):
             optimizer.zero_grad()
             killed = float(store.get(f"{family}/killed").decode())
             events.append({"event": "kill", "step": step, "error_after_s": caught - killed,
-                           "resumed_after_s": CLOCK() - killed, "restarted_elements": optimizer.restarted_elements})
+                           "resumed_after_s": CLOCK() - killed, "restarted_elements": optimizer.restarted_elements,
+                           "copied_elements": optimizer.copied_elements})
             if not optimizer.shards_stepped:
                 continue  # the step again, on the survivors
             # the owners had stepped (the parameters' all-gather failed): the step stands
@@ -267,7 +272,8 @@ def ud_arm(arm, config):
         merged.append({"event": "kill", "step": kills[0]["step"],
                        "error_after_s": max(e["error_after_s"] for e in kills),
                        "resumed_after_s": max(e["resumed_after_s"] for e in kills),
-                       "restarted_elements": sum(e["restarted_elements"] for e in kills)})
+                       "restarted_elements": sum(e["restarted_elements"] for e in kills),
+                       "copied_elements": sum(e["copied_elements"] for e in kills)})
     leaves = [e for e in events if e["event"] == "leave"]
     if leaves:
         merged.append({"event": "leave", "step": leaves[0]["step"], "seconds": max(e["seconds"] for e in leaves),
@@ -281,9 +287,10 @@ def ud_arm(arm, config):
 def arms_for(args):
     arms = [dict(name="gloo", method="gloo"), dict(name="gloo kill+restart", method="gloo", kill=True),
             dict(name="ud", method="ud"), dict(name="ud kill", method="ud", kill=True),
-            dict(name="ud leave", method="ud", leave=True)]
+            dict(name="ud leave", method="ud", leave=True), dict(name="ud kill+copy", method="ud", kill=True, copy=True)]
     if args.rejoin_at_step is not None:
         arms.append(dict(name="ud kill+rejoin", method="ud", kill=True, rejoin=True))
+        arms.append(dict(name="ud kill+rejoin+copy", method="ud", kill=True, rejoin=True, copy=True))
     return arms
 
 
@@ -298,6 +305,7 @@ def main():
     parser.add_argument("--rejoin-at-step", type=int, default=None, help="a new process joins here (after the kill)")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="Gloo's checkpoints, in steps")
     parser.add_argument("--loss", default="0", help="loss injected on 'ud' (as train_under_loss.py's arms take it)")
+    parser.add_argument("--replicate-every", type=int, default=1, help="the '+copy' arms' replicate_every, in steps")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds per ud call")
     parser.add_argument("--quick", action="store_true", help="the small model and steps the tests run")
     parser.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
@@ -317,7 +325,7 @@ def main():
     config = dict(width=128, layers=2, heads=4, context=64, batch=16, lr=2e-3, steps=args.steps, eval_every=50,
                   eval_batches=16, seed=args.seed, deadline=args.deadline, ranks=args.ranks, kill_rank=args.kill_rank,
                   kill_at=args.kill_at_step, rejoin_at=args.rejoin_at_step, checkpoint_every=args.checkpoint_every,
-                  loss=args.loss)
+                  loss=args.loss, replicate_every=args.replicate_every)
     if args.quick:
         config.update(width=64, layers=1, context=32, batch=8, eval_every=10, eval_batches=8)
     arms = arms_for(args)
@@ -358,7 +366,9 @@ def print_table(results, config):
 COMPARISONS = [("ud kill", "ud leave", "the dead rank's lost optimizer state (same data: the rank leaves either way)"),
                ("ud kill", "ud", "the death, all told (one rank's data fewer after it)"),
                ("ud leave", "ud", "the reduced data alone"),
+               ("ud kill+copy", "ud leave", "what the copy leaves of the lost state (same data)"),
                ("ud kill+rejoin", "ud", "a death at S and a rejoin at T"),
+               ("ud kill+rejoin+copy", "ud", "a death at S and a rejoin at T, the dead shard's state from its copy"),
                ("gloo kill+restart", "gloo", "a restart from the checkpoint")]
 
 
@@ -378,7 +388,7 @@ def summarize(saved):
               + f" | **{sum(gaps) / len(gaps):+.2f}%** |")
     print("\n| arm | seconds from the kill to training again, by seed |")
     print("|---|---|")
-    for arm in ("ud kill", "ud kill+rejoin", "gloo kill+restart"):
+    for arm in ("ud kill", "ud kill+copy", "ud kill+rejoin", "ud kill+rejoin+copy", "gloo kill+restart"):
         seconds = [next((e["resumed_after_s"] for e in s["results"].get(arm, {}).get("events", [])
                          if e["event"] == "kill"), None) for s in saved]
         if any(x is not None for x in seconds):

@@ -34,11 +34,12 @@ def _batches(seed, steps):
     return [(torch.randn(12, 16, generator=generator), torch.randn(12, 8, generator=generator)) for _ in range(steps)]
 
 
-def _optimizer(model, comm, join=False):
+def _optimizer(model, comm, join=False, replicate_every=None):
     # two groups with different settings: re-sharding must keep each piece's own
     groups = [{"params": list(model[0].parameters()), "lr": 0.01},
               {"params": list(model[2].parameters()), "lr": 0.02, "weight_decay": 0.0}]
-    return LossTolerantOptimizer(torch.optim.AdamW(groups), communicator=comm, loss_budget=0.1, join=join)
+    return LossTolerantOptimizer(torch.optim.AdamW(groups), communicator=comm, loss_budget=0.1, join=join,
+                                 replicate_every=replicate_every)
 
 
 def shard_state(opt):
@@ -56,11 +57,14 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _train(model, opt, batches, steps, first_step=0, die_at=None):
-    """Steps [first_step, steps); returns (the step a PeerTimeout came at or None, the error, last loss)."""
+def _train(model, opt, batches, steps, first_step=0, die_at=None, will=None):
+    """Steps [first_step, steps); returns (the step a PeerTimeout came at or None, the error, last loss).
+    `will`: a path where a rank that dies at `die_at` leaves its shard_state() first."""
     loss = None
     for step in range(first_step, steps):
         if step == die_at:
+            if will:
+                torch.save(shard_state(opt), will)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batches[step]
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -410,3 +414,31 @@ def grow_nobody_then_somebody(cluster_comm, port, tag):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, steps, will):
+    """Ranks train with the optimizer state copied to the next rank at every step
+    (replicate_every=1); `victim` leaves its shard_state() at `will` and dies at `kill_at`; the
+    survivors shrink, regroup and train on to `steps`. Returns each survivor's shard before and
+    after the move, copied and restarted elements, the replica's counts, and parameters."""
+    rank = cluster_comm.rank
+    model = _model()
+    comm = _communicator(rank, world_size, port, family)
+    opt = _optimizer(model, comm, replicate_every=1)
+    batches = _batches(100 + rank, steps)
+    failed_at, error, _ = _train(model, opt, batches, steps, die_at=kill_at if rank == victim else None, will=will)
+    before_shrink, refreshed = shard_state(opt), (opt.replica.refreshes, opt.replica.failures)
+    shrunk = comm.shrink([error.rank])
+    comm.close()
+    opt.regroup(shrunk)
+    after_shrink = {"rank": shrunk.rank, "state": shard_state(opt), "restarted": opt.restarted_elements,
+                    "copied": opt.copied_elements, "flat": _flat(model)}
+    batches = _batches(100 + shrunk.rank, steps)
+    resumed_at = failed_at + opt.shards_stepped
+    _, late_error, _ = _train(model, opt, batches, steps, first_step=resumed_at)
+    result = {"failed_at": failed_at, "resumed_at": resumed_at, "blamed": error.rank, "refreshed": refreshed,
+              "before_shrink": before_shrink,
+              "after_shrink": after_shrink, "late_error": repr(late_error) if late_error else None,
+              "copies_after": (opt.replica.refreshes, opt.replica.failures), "flat": _flat(model)}
+    shrunk.close()
+    return result

@@ -102,6 +102,35 @@ def test_the_two_stage_step_survives_a_death_and_takes_a_replacement(store_port,
         assert torch.equal(by_rank[rank]["flat"], newcomer["flat"]), f"rank {rank}: parameters differ at the end"
 
 
+@pytest.mark.parametrize("world, victim", [(3, 1), (4, 3)])
+def test_a_dead_ranks_optimizer_state_comes_back_from_its_neighbours_copy(store_port, tmp_path, world, victim):
+    """With replicate_every=1 the next rank (rank 0 after the last) holds a copy of each shard's
+    state as of the last step: after a death and a shrink, the dead rank's range carries exactly
+    the state the dead rank had (it left it in a file before dying), nothing restarts, and
+    training goes on alike on every survivor."""
+    kill_at, steps = 3, 6
+    will = str(tmp_path / "victim.pt")
+    by_rank = run_with_victims(world, [victim], elastic_tasks.die_with_a_replica, store_port, f"replica-{world}",
+                               world, victim, kill_at, steps, will)
+    dead = torch.load(will, weights_only=True)
+    survivors = sorted(by_rank, key=lambda rank: by_rank[rank]["after_shrink"]["rank"])
+    for rank in survivors:
+        result = by_rank[rank]
+        assert (result["failed_at"], result["blamed"], result["late_error"]) == (kill_at, victim, None), result
+        assert result["refreshed"] == (kill_at, 0), f"rank {rank}: refreshes, failures {result['refreshed']}"
+        # the new group's ring is refreshed at each step after the move
+        assert result["copies_after"] == (steps - result["resumed_at"], 0), f"rank {rank}: {result['copies_after']}"
+    before = [by_rank[rank]["before_shrink"] for rank in survivors] + [dead]
+    after = [(by_rank[rank]["after_shrink"]["state"], by_rank[rank]["after_shrink"]["restarted"]) for rank in survivors]
+    count = by_rank[survivors[0]]["flat"].numel()
+    assert check_move(before, after, "shrink with a replica", count) == 0
+    assert all(state for _, _, _, state in dead), "the victim had stepped: its shard had state to copy"
+    assert sum(by_rank[rank]["after_shrink"]["copied"] for rank in survivors) == \
+        sum(stop - start for start, stop, _, _ in dead)
+    for rank in survivors:
+        assert torch.equal(by_rank[rank]["flat"], by_rank[survivors[0]]["flat"]), f"rank {rank}: parameters differ"
+
+
 @pytest.mark.parametrize("exclusion, error", [
     ("not a list", TypeError), ([], ValueError), ([1, 1], ValueError), ([5], ValueError), ([0, 1, 2], ValueError),
     ([True], TypeError), ([0], RuntimeError),

@@ -395,6 +395,35 @@ def test_copies_out_of_range_are_refused_before_anything_is_sent():
             udt.LossyHookState(None, copies=bad)
 
 
+def test_replicate_every_out_of_range_is_refused_before_anything_is_sent():
+    import ud_transport.torch as udt
+
+    model = torch.nn.Linear(2, 2)
+    for bad in (0, -1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="replicate_every"):
+            udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), replicate_every=bad)
+
+
+def test_a_replica_fills_only_what_no_owner_holds():
+    """resharding.new_pieces: an owner's state wins over a copy of the same range (a copy is as
+    old as its last refresh); a copy fills a range no owner holds (``copied``); what neither
+    holds restarts (None)."""
+    from ud_transport.torch import resharding
+
+    owner = {"exp_avg": torch.full((4,), 1.0), "step": torch.tensor(9.0)}
+    copy_of_owner = {"exp_avg": torch.full((4,), -1.0), "step": torch.tensor(8.0)}
+    copy_of_dead = {"exp_avg": torch.arange(4.0), "step": torch.tensor(8.0)}
+    records = [{"pieces": [(0, 4, 0, torch.zeros(4), owner)], "replica": [(8, 12, 0, copy_of_dead)]},
+               {"pieces": [], "replica": [(0, 4, 0, copy_of_owner)]},
+               {"pieces": []}]  # a record without copies (a newcomer's, or no replicate_every)
+    pieces = resharding.new_pieces(records, (2, 14), [(0, 16)])
+    spans = [(p.start, p.stop, p.copied) for p in pieces]
+    assert spans == [(2, 4, False), (4, 8, False), (8, 12, True), (12, 14, False)], spans
+    assert torch.equal(pieces[0].state["exp_avg"], torch.full((2,), 1.0)), "the owner's state must win"
+    assert pieces[1].state is None and pieces[3].state is None
+    assert torch.equal(pieces[2].state["exp_avg"], torch.arange(4.0)) and float(pieces[2].state["step"]) == 8.0
+
+
 @pytest.mark.parametrize("world, loss", [(3, 0.0), (4, 0.1)])
 def test_send_and_recv_on_ud_deliver_what_gloo_delivers(world, loss):
     """Every rank sends to and receives from both ring neighbours at once (four dtypes), one

@@ -1,5 +1,5 @@
 """Small pieces the torch-layer modules share: which communicator, which
-worker, and flat views of parameter lists."""
+worker, a store connection of one's own, and flat views of parameter lists."""
 import weakref
 
 import torch
@@ -9,6 +9,17 @@ from ..communicator import Communicator
 from ._worker import SerialWorker
 
 _workers = weakref.WeakKeyDictionary()
+
+
+def own_connection(store):
+    """`store` over a connection of its own where it has one (TCPStore): a TCPStore client runs one
+    request at a time, so channels that meet their peers at once on one connection wait on each
+    other's waits (two ranks each waiting on the channel the other has not reached: until the
+    timeout)."""
+    try:
+        return store.clone()
+    except (RuntimeError, NotImplementedError):  # a store with no clone serves its callers as it is
+        return store
 
 
 def communicator_of(target):

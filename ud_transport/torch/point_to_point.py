@@ -37,6 +37,7 @@ from .. import exact
 from ..communicator import Communicator
 from ..errors import TransportError
 from ..staging import Staged
+from ._common import own_connection
 from ._worker import SerialWorker, Work, through_host
 
 log = logging.getLogger("ud_transport")
@@ -46,17 +47,6 @@ MEETING_POLL_S = 0.1  # how often a channel waiting for its peer looks whether i
 # A receive from any source waits for its doorbell this long at a time: abort() rings the doorbell to
 # end the wait at once, and each wait a TCPStore times out prints two warnings (not every 0.1 s, then).
 ANY_SOURCE_WAIT_S = 5.0
-
-
-def _own_connection(store):
-    """`store` over a connection of its own where it has one (TCPStore): a TCPStore client runs one
-    request at a time, so channels that meet their peers at once on one connection wait on each
-    other's waits (two ranks each waiting on the channel the other has not reached: until the
-    timeout)."""
-    try:
-        return store.clone()
-    except (RuntimeError, NotImplementedError):  # a store with no clone serves its callers as it is
-        return store
 
 
 def _meet(store, me, timeout_s, interrupted, what):
@@ -155,7 +145,7 @@ class _Inbox:
     must not), with a store connection of their own (its waits would hold up the group's)."""
 
     def __init__(self, store, tag):
-        self.store = _own_connection(store)
+        self.store = own_connection(store)
         self.interrupted = False
         self.doorbell_deletable = True  # a store without delete_key is polled instead
         self.next_sender = 0  # where the next look starts: senders are taken round-robin
@@ -175,7 +165,7 @@ class _Announcer:
     in one addition per (receiver, tag). Cheaper than a SerialWorker: no Work per message."""
 
     def __init__(self, store, rank, sent_key, doorbell_key):
-        self._store = _own_connection(store)
+        self._store = own_connection(store)
         self._rank = rank
         self._sent_key, self._doorbell_key = sent_key, doorbell_key
         self._pending = collections.Counter()  # (receiver, tag) -> sends not yet counted
@@ -370,7 +360,7 @@ class Channels:
     def _connect(self, sender, receiver, tag, interrupted):
         name = f"p2p/{self._incarnation:x}/{sender}-{receiver}/{tag}"
         me = SENDER if self._rank == sender else RECEIVER
-        store = dist.PrefixStore(name, _own_connection(self._store))
+        store = dist.PrefixStore(name, own_connection(self._store))
         _meet(store, me, self._options.join_timeout_s, interrupted, f"rank {self._rank}: channel {name}")
         return Communicator(me, 2, store, self._transport, self._options, name=name)
 

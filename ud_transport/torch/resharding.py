@@ -5,9 +5,11 @@ and the state of that range must come from whoever owned it before.
 Every rank of the new group sends one record: the pieces it owned (their absolute range, the
 owner's values and the optimizer state of each) and the settings of the parameter groups they
 belong to. The records are all-gathered exactly, so every rank builds the same picture; a
-newcomer sends an empty one. A range no record covers belonged to a rank that is gone: its
-state starts afresh (for Adam: moments zero, step 0 — the first update is as large as a new
-run's first). The owners' values are the truth for the ranges they owned (a replica's copy of
+newcomer sends an empty one. A record may also carry the copy of its previous rank's state
+that the ring of replicas left it (shard_replica). A range no owner's record covers belonged to a
+rank that is gone: its state comes from such a copy where one covers it (as old as the copy's
+last refresh), and otherwise starts afresh (for Adam: moments zero, step 0: the first update is as
+large as a new run's first). The owners' values are the truth for the ranges they owned (a replica's copy of
 a chunk the lossy all-gather missed is stale); the rest comes from the new rank 0's replica."""
 import io
 
@@ -20,15 +22,17 @@ class Piece:
     """A range [start, stop) of the flat parameters with one parameter group's settings, and
     the optimizer state the range carried (None: fresh)."""
 
-    def __init__(self, start, stop, group, state):
+    def __init__(self, start, stop, group, state, copied=False):
         self.start, self.stop, self.group, self.state = start, stop, group, state
+        self.copied = copied  # the state came from a replica, its owner being gone
 
 
-def encode(pieces, settings):
-    """This rank's record: `pieces` as (start, stop, group, values, state) and `settings`
-    {group index: its settings now}, as bytes."""
+def encode(pieces, settings, replica=()):
+    """This rank's record: `pieces` as (start, stop, group, values, state), `settings`
+    {group index: its settings now}, and `replica`, the copy of another rank's pieces this rank
+    holds as (start, stop, group, state), as bytes."""
     buffer = io.BytesIO()
-    torch.save({"pieces": pieces, "settings": settings}, buffer)
+    torch.save({"pieces": pieces, "settings": settings, "replica": list(replica)}, buffer)
     return buffer.getvalue()
 
 
@@ -72,24 +76,31 @@ def settings_of(records, groups):
 
 def new_pieces(records, shard, group_ranges):
     """The pieces of the new shard [start, stop): split at the parameter groups' bounds and at the
-    old owners' bounds, each with the state its old owner kept for it (sliced), or None where no
-    record covers it."""
+    old owners' and the replicas' bounds, each with the state its old owner kept for it (sliced),
+    else the state a replica kept of it (``copied``), or None where no record covers it."""
     start, stop = shard
-    old = sorted((p_start, p_stop, group, state) for record in records
-                 for p_start, p_stop, group, _, state in record["pieces"])
+    old = [(p_start, p_stop, state) for record in records for p_start, p_stop, _, _, state in record["pieces"]]
+    copies = [(p_start, p_stop, state) for record in records for p_start, p_stop, _, state in record.get("replica", ())]
     cuts = {start, stop}
     for low, high in group_ranges:
         cuts.update(x for x in (low, high) if start < x < stop)
-    for p_start, p_stop, _, _ in old:
+    for p_start, p_stop, _ in old + copies:
         cuts.update(x for x in (p_start, p_stop) if start < x < stop)
     bounds = sorted(cuts)
     pieces = []
     for low, high in zip(bounds, bounds[1:]):
         group = next(index for index, (g_low, g_high) in enumerate(group_ranges) if g_low <= low < g_high)
-        state = next((_sliced(state, low - p_start, high - low, p_stop - p_start)
-                      for p_start, p_stop, _, state in old if p_start <= low and high <= p_stop), None)
-        pieces.append(Piece(low, high, group, state))
+        state = _covering(old, low, high)
+        copied = state is None and (state := _covering(copies, low, high)) is not None
+        pieces.append(Piece(low, high, group, state, copied))
     return pieces
+
+
+def _covering(held, low, high):
+    """The state of the first of `held` ((start, stop, state), ...) that covers [low, high), sliced
+    to it; None where none does."""
+    return next((_sliced(state, low - p_start, high - low, p_stop - p_start)
+                 for p_start, p_stop, state in held if p_start <= low and high <= p_stop), None)
 
 
 def _sliced(state, offset, length, owned):

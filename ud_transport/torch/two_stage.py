@@ -24,7 +24,7 @@ from .. import exact
 from .._native import MAX_COPIES
 from ..errors import LossBudgetExceeded
 from ..options import check_copies
-from . import policy, resharding
+from . import policy, resharding, shard_replica
 from ._common import communicator_of, flatten, flatten_into, unflatten_into
 from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
 from .copies_choice import CopiesChooser
@@ -71,6 +71,12 @@ class LossTolerantOptimizer:
         lossy step, takes the fewest copies that keep the chunk loss the reduce-scatter
         measured (over its last ~4000 contributions) at or below 1.5%; every rank chooses the same, from the
         agreed fraction. ``copies_used`` counts the lossy steps by the copies they sent.
+    replicate_every : int, optional
+        Every this many steps, each rank's shard of the optimizer state is copied to the next
+        rank of the group (``ud_transport.torch.shard_replica``); when a rank dies, ``regroup``
+        takes its shard's state from that copy (as old as the last refresh) instead of
+        restarting it. Costs, for Adam at every step, 1/(n - 1) of a step's bytes. None (the
+        default): no copy.
     join : bool, default False
         This rank is new to a group that grew (``Communicator.grow`` / ``ud_transport.torch.
         grow_group``): it takes rank 0's parameters and its shard's optimizer state from the
@@ -81,7 +87,13 @@ class LossTolerantOptimizer:
     ----------
     restarted_elements : int
         Elements of this rank's shard whose optimizer state started afresh at the last
-        ``regroup`` or join (their owner was gone); 0 otherwise.
+        ``regroup`` or join (their owner was gone, and no replica held them); 0 otherwise.
+    copied_elements : int
+        Elements of this rank's shard whose optimizer state came from a replica at the last
+        ``regroup`` (their owner was gone); 0 otherwise.
+    replica : NeighbourReplica or None
+        The ring of copies over the current group (``replicate_every``): its ``refreshes`` and
+        ``failures``.
     shards_stepped : bool
         Whether the last ``step()`` updated the owners' shards, also when it then failed (in
         the parameters' all-gather): a step that failed with this True must not be retried.
@@ -101,12 +113,18 @@ class LossTolerantOptimizer:
 
     def __init__(self, optimizer, *, communicator=None, loss_budget=0.1, on_budget_miss=policy.USE, deadline=None,
                  algorithm=None, phase_budget=None, exact_gather=False, error_feedback=False, stale_fill="keep",
-                 copies="auto", join=False):
+                 copies="auto", replicate_every=None, join=False):
         if not 0.0 <= loss_budget <= 1.0:
             raise ValueError(f"loss_budget must be in [0, 1], got {loss_budget!r}")
         if stale_fill not in ("keep", "extrapolate"):
             raise ValueError(f"stale_fill must be 'keep' or 'extrapolate', got {stale_fill!r}")
         self.copies = copies if copies == "auto" else check_copies(copies)
+        if replicate_every is not None and (isinstance(replicate_every, bool) or not isinstance(replicate_every, int)
+                                            or replicate_every < 1):
+            raise ValueError(f"replicate_every must be None or an int of at least 1, got {replicate_every!r}")
+        self.replicate_every = replicate_every
+        self.replica = None
+        self._steps_since_copy = 0
         self.communicator = communicator_of(communicator)
         self.loss_budget = loss_budget
         self.on_budget_miss = policy.check(on_budget_miss)
@@ -153,8 +171,9 @@ class LossTolerantOptimizer:
         (a newcomer constructs its optimizer with ``join=True`` there instead).
 
         Ownership is re-sharded over the new group. Each range keeps the optimizer state its
-        owner had; a range whose owner is gone starts its state afresh (Adam: moments zero,
-        step 0), and is counted in ``restarted_elements``. The parameters become the owners'
+        owner had; a range whose owner is gone takes the state its replica held (with
+        ``replicate_every``: counted in ``copied_elements``), and otherwise starts afresh (Adam:
+        moments zero, step 0), counted in ``restarted_elements``. The parameters become the owners'
         values where an owner survives and the new rank 0's elsewhere, on every rank alike.
         Error feedback's residuals and the extrapolation's last updates start afresh too.
 
@@ -214,7 +233,14 @@ class LossTolerantOptimizer:
             state = {name: value for name, value in self._inner.state.get(piece, {}).items()}
             pieces.append((start + low, start + high, group, piece.detach().clone(), state))
             settings.setdefault(group, {k: v for k, v in inner_group.items() if k != "params"})
-        return resharding.encode(pieces, settings)
+        held = self.replica.held if self.replica is not None else None
+        return resharding.encode(pieces, settings, held or ())
+
+    def _state_pieces(self):
+        """This rank's shard's optimizer state as shard_replica copies it: (start, stop, group, state)."""
+        start = self.shard[0]
+        return [(start + low, start + high, group, dict(self._inner.state.get(piece, {})))
+                for piece, low, high, group in self._pieces] if self._inner is not None else []
 
     def _settle_on(self, comm, records):
         """Take rank 0's parameters exactly and this rank's shard of `comm`, with the state that
@@ -227,9 +253,15 @@ class LossTolerantOptimizer:
         shard = comm.shard_range(self.count)
         pieces = resharding.new_pieces(records or [], shard, self._group_ranges)
         inner, params = self._shard_optimizer(pieces, resharding.settings_of(records or [], self._groups), shard[0])
+        # the ring of copies over the new group (every rank of it opens its pairs here)
+        replica = shard_replica.NeighbourReplica(comm, self.deadline) if self.replicate_every else None
         unflatten_into(self._flat, self._params)
+        if self.replica is not None:
+            self.replica.close()
         self.communicator, self.shard, self._inner, self._pieces = comm, shard, inner, params
+        self.replica, self._steps_since_copy = replica, 0
         self.restarted_elements = sum(p.stop - p.start for p in pieces if p.state is None) if records else 0
+        self.copied_elements = sum(p.stop - p.start for p in pieces if p.copied)
         self._attach_repairs(comm)
 
     def _shard_optimizer(self, pieces, settings, start):
@@ -391,7 +423,17 @@ class LossTolerantOptimizer:
             if self.extrapolation is not None:
                 self.extrapolation.apply(before, self._flat)
         unflatten_into(self._flat, self._params)
+        self._copy_to_neighbour()
         return True
+
+    def _copy_to_neighbour(self):
+        """Every replicate_every steps that stepped the shards, the ring of copies is refreshed."""
+        if self.replica is None:
+            return
+        self._steps_since_copy += 1
+        if self._steps_since_copy >= self.replicate_every:
+            self._steps_since_copy = 0
+            self.replica.refresh(self._state_pieces())
 
     def _step_copies(self):
         return self._chooser.copies if self._chooser is not None else self.copies

@@ -1,0 +1,140 @@
+"""A copy of each rank's shard of the two-stage step's optimizer state, kept by the next rank of
+the group (rank r's by rank r + 1, the last rank's by rank 0) and refreshed every few steps.
+When a rank dies, the survivors' ``regroup`` takes its shard's state from that copy, as old as
+the last refresh, instead of restarting it (Adam: moments zero, step 0).
+
+The copies travel on two communicators of two ranks each, opened beside the group's, on the
+same store, transport and options: one to the next rank (this rank sends) and one from the
+previous rank (this rank receives). Each refresh sends this rank's state and takes the previous
+rank's, both at once, on two threads. It is an exact broadcast on each pair, its length first.
+Per rank that is the shard's state once: for Adam, two values per element of the shard. A step
+moves about two values per element of the whole model, so at one refresh per step the copy adds
+1/(n - 1) of a step's bytes.
+
+A refresh that fails keeps the copy held before it, and is counted in ``failures``. That happens
+when a neighbour died during it, and the group's next collective then names the death."""
+import io
+import logging
+import threading
+
+import torch
+
+from .. import exact
+from ..communicator import Communicator
+from ..errors import TransportError
+from ._common import own_connection
+
+log = logging.getLogger("ud_transport")
+
+SENDER, RECEIVER = 0, 1  # the two ranks of a pair
+
+
+def encode(pieces):
+    """A shard's state as bytes: `pieces` as (start, stop, group, {state name: value})."""
+    buffer = io.BytesIO()
+    torch.save(pieces, buffer)
+    return buffer.getvalue()
+
+
+def decode(record):
+    """The pieces `encode` wrote (tensors on the host)."""
+    return torch.load(io.BytesIO(record), weights_only=True, map_location="cpu")
+
+
+class NeighbourReplica:
+    """This rank's two pairs in the ring of copies over `comm`, and the previous rank's last copy.
+
+    Every rank of `comm` constructs one at the same point (it meets its two neighbours, then the
+    group agrees that every rank did). Where some rank could not open its pairs, no rank keeps a
+    replica (``active`` is False) and ``refresh`` does nothing.
+
+    Attributes
+    ----------
+    held : list or None
+        The previous rank's pieces at the last refresh that reached this rank, as ``decode`` gives
+        them, or None.
+    refreshes, failures : int
+        Refreshes made, and those that failed.
+    """
+
+    def __init__(self, comm, deadline=None):
+        self.deadline, self.rank = deadline, comm.rank
+        self.held = None
+        self.refreshes = self.failures = 0
+        self._to_next = self._from_previous = None
+        n, me = comm.world_size, comm.rank
+        if n < 2:
+            return
+        following, previous = (me + 1) % n, (me - 1) % n
+        opened = {}
+
+        def open_pair(role, sender, receiver):
+            try:  # each pair meets on a store connection of its own (one TCPStore connection serves one
+                # wait at a time), under a name of the group's session and the two ranks
+                opened[role] = Communicator(role, 2, own_connection(comm.store), comm.transport_name, comm.options,
+                                            name=f"{comm.family}/replica/{comm.session_id:x}/{sender}-{receiver}")
+            except Exception as error:  # a neighbour that did not come: no replica, agreed below
+                opened[role] = error
+
+        # on two threads: every rank waits for its next rank in one pair and its previous in the
+        # other, and the ring of those waits would never end if each opened one pair first
+        sending = threading.Thread(target=open_pair, args=(SENDER, me, following), name="ud-replica-open", daemon=True)
+        sending.start()
+        open_pair(RECEIVER, previous, me)
+        sending.join()
+        failed = [error for error in opened.values() if isinstance(error, Exception)]
+        if failed:
+            log.warning("rank %d: no replica of the optimizer state: a neighbour's pair did not open: %s", me, failed[0])
+        if comm.agree(int(bool(failed)), deadline=deadline):  # any rank without its pairs: none keeps one
+            for pair in opened.values():
+                if isinstance(pair, Communicator):
+                    pair.close()
+            return
+        self._to_next, self._from_previous = opened[SENDER], opened[RECEIVER]
+
+    @property
+    def active(self):
+        return self._to_next is not None
+
+    def refresh(self, pieces):
+        """Send this rank's `pieces` (``encode``'s input) to the next rank and take the previous
+        rank's into ``held``; every rank of the group calls it at the same step. Returns whether
+        both went through."""
+        if not self.active:
+            return False
+        self.refreshes += 1
+        record = encode(pieces)
+        errors = []
+
+        def send():
+            try:
+                length = torch.tensor([len(record)], dtype=torch.int64)
+                exact.broadcast(self._to_next, length, SENDER, deadline=self.deadline, collective="replica length")
+                exact.broadcast(self._to_next, torch.frombuffer(bytearray(record), dtype=torch.uint8), SENDER,
+                                deadline=self.deadline, collective="replica")
+            except TransportError as error:
+                errors.append(error)
+
+        sending = threading.Thread(target=send, name="ud-replica-send", daemon=True)
+        sending.start()
+        try:
+            length = torch.zeros(1, dtype=torch.int64)
+            exact.broadcast(self._from_previous, length, SENDER, deadline=self.deadline, collective="replica length")
+            received = torch.empty(int(length), dtype=torch.uint8)
+            exact.broadcast(self._from_previous, received, SENDER, deadline=self.deadline, collective="replica")
+            self.held = decode(received.numpy().tobytes())
+        except TransportError as error:
+            errors.append(error)
+        sending.join()
+        if errors:
+            self.failures += 1
+            log.warning("rank %d: a refresh of the optimizer state's replica failed (the copy held is kept): %s",
+                        self.rank, errors[0])
+        return not errors
+
+    def close(self):
+        for pair in (self._to_next, self._from_previous):
+            if pair is not None:
+                pair.close()
+                pair.store = None  # and its connection to the store
+        self._to_next = self._from_previous = None
