@@ -85,12 +85,16 @@ class NeighbourReplica:
         failed = [error for error in opened.values() if isinstance(error, Exception)]
         if failed:
             log.warning("rank %d: no replica of the optimizer state: a neighbour's pair did not open: %s", me, failed[0])
-        if comm.agree(int(bool(failed)), deadline=deadline):  # any rank without its pairs: none keeps one
-            for pair in opened.values():
-                if isinstance(pair, Communicator):
+        pairs = [pair for pair in opened.values() if isinstance(pair, Communicator)]
+        keep = False
+        try:
+            keep = not comm.agree(int(bool(failed)), deadline=deadline)  # any rank without its pairs: none keeps one
+        finally:
+            if not keep:
+                for pair in pairs:
                     pair.close()
-            return
-        self._to_next, self._from_previous = opened[SENDER], opened[RECEIVER]
+        if keep:
+            self._to_next, self._from_previous = opened[SENDER], opened[RECEIVER]
 
     @property
     def active(self):
@@ -112,7 +116,7 @@ class NeighbourReplica:
                 exact.broadcast(self._to_next, length, SENDER, deadline=self.deadline, collective="replica length")
                 exact.broadcast(self._to_next, torch.frombuffer(bytearray(record), dtype=torch.uint8), SENDER,
                                 deadline=self.deadline, collective="replica")
-            except TransportError as error:
+            except Exception as error:  # reported below, on the caller's thread
                 errors.append(error)
 
         sending = threading.Thread(target=send, name="ud-replica-send", daemon=True)
@@ -125,7 +129,8 @@ class NeighbourReplica:
             self.held = decode(received.numpy().tobytes())
         except TransportError as error:
             errors.append(error)
-        sending.join()
+        finally:
+            sending.join()
         if errors:
             self.failures += 1
             log.warning("rank %d: a refresh of the optimizer state's replica failed (the copy held is kept): %s",
