@@ -127,6 +127,7 @@ cdef class VerbsTransport:
         item.header_bytes = len(header)
         item.payload = <const char *>payload
         item.payload_bytes = len(payload)
+        item.flags = 0
         rc = udt_transport_send(self.ptr, &item, 1)
         if rc < 0:
             raise error_from_native(&self.ptr.error)

@@ -416,15 +416,15 @@ def grow_nobody_then_somebody(cluster_comm, port, tag):
             dist.destroy_process_group()
 
 
-def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, steps, will):
-    """Ranks train with the optimizer state copied to the next rank at every step
-    (replicate_every=1); `victim` leaves its shard_state() at `will` and dies at `kill_at`; the
+def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, steps, will, every=1):
+    """Ranks train with the optimizer state copied to the next rank every `every` steps
+    (replicate_every); `victim` leaves its shard_state() at `will` and dies at `kill_at`; the
     survivors shrink, regroup and train on to `steps`. Returns each survivor's shard before and
     after the move, copied and restarted elements, the replica's counts, and parameters."""
     rank = cluster_comm.rank
     model = _model()
     comm = _communicator(rank, world_size, port, family)
-    opt = _optimizer(model, comm, replicate_every=1)
+    opt = _optimizer(model, comm, replicate_every=every)
     batches = _batches(100 + rank, steps)
     failed_at, error, _ = _train(model, opt, batches, steps, die_at=kill_at if rank == victim else None, will=will)
     before_shrink, refreshed = shard_state(opt), (opt.replica.refreshes, opt.replica.failures)
@@ -440,5 +440,7 @@ def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, 
               "before_shrink": before_shrink,
               "after_shrink": after_shrink, "late_error": repr(late_error) if late_error else None,
               "copies_after": (opt.replica.refreshes, opt.replica.failures), "flat": _flat(model)}
+    opt.close()
+    opt.close()  # idempotent
     shrunk.close()
     return result

@@ -131,6 +131,30 @@ def test_a_dead_ranks_optimizer_state_comes_back_from_its_neighbours_copy(store_
         assert torch.equal(by_rank[rank]["flat"], by_rank[survivors[0]]["flat"]), f"rank {rank}: parameters differ"
 
 
+def test_a_copy_is_as_old_as_its_last_refresh(store_port, tmp_path):
+    """replicate_every=2, the victim killed at the start of step 3: the last refresh was after
+    step 2 of 3 taken (steps 0 and 1), so the dead range comes back with AdamW's step count at 2
+    where the victim's own was 3, and nothing restarts."""
+    world, victim, kill_at, steps = 3, 2, 3, 5
+    will = str(tmp_path / "victim.pt")
+    by_rank = run_with_victims(world, [victim], elastic_tasks.die_with_a_replica, store_port, "replica-every-2",
+                               world, victim, kill_at, steps, will, 2)
+    dead = torch.load(will, weights_only=True)
+    assert {float(state["step"]) for _, _, _, state in dead} == {3.0}
+    dead_ranges = [(start, stop) for start, stop, _, _ in dead]
+    copied = 0
+    for rank, result in by_rank.items():
+        assert result["refreshed"] == (1, 0) and result["late_error"] is None, result
+        assert result["after_shrink"]["restarted"] == 0
+        for low, high, _, state in result["after_shrink"]["state"]:
+            if any(start <= low and high <= stop for start, stop in dead_ranges):
+                assert float(state["step"]) == 2.0, f"rank {rank}: [{low}, {high}) step {state['step']}"
+                copied += high - low
+        copied -= result["after_shrink"]["copied"]
+    assert copied == 0 and sum(stop - start for start, stop in dead_ranges) == \
+        sum(result["after_shrink"]["copied"] for result in by_rank.values())
+
+
 @pytest.mark.parametrize("exclusion, error", [
     ("not a list", TypeError), ([], ValueError), ([1, 1], ValueError), ([5], ValueError), ([0, 1, 2], ValueError),
     ([True], TypeError), ([0], RuntimeError),

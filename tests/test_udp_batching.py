@@ -134,7 +134,8 @@ def test_coalesced_send_of_mixed_sizes_and_peers_is_delivered_exactly(transports
 def test_a_copy_starts_a_message_of_its_own(transports):
     """An item marked UDT_SEND_APART (a copy of one before it) is not folded into the GSO message
     before it: on loopback, and wherever a packet is dropped before segmentation, one message is
-    one fate. Three copies of a control message, then a run: four messages, the last a GSO one."""
+    one fate. Three copies of a control message, then a run of the same size: three messages, the
+last a GSO one that the third copy starts and the run joins."""
     sender, receiver = transports(2)
     require_gso_gro(sender, receiver)
     sender.set_peers(receiver)

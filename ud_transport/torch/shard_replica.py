@@ -12,7 +12,15 @@ moves about two values per element of the whole model, so at one refresh per ste
 1/(n - 1) of a step's bytes.
 
 A refresh that fails keeps the copy held before it, and is counted in ``failures``. That happens
-when a neighbour died during it, and the group's next collective then names the death."""
+when a neighbour died during it (a pair waits PAIR_JOIN_TIMEOUT_S for a neighbour, not the
+group's join timeout), and the group's next collective then names the death. A refresh never
+raises: the step it follows has already changed the parameters.
+
+A copy is as old as the last refresh that completed. With a refresh after every step, that is
+the dead rank's state when it died at a step's start. If it died in a step's parameter
+all-gather, after the owners stepped, the copy is one step older. Nothing is copied until the
+first refresh after the group was made."""
+import dataclasses
 import io
 import logging
 import threading
@@ -21,12 +29,17 @@ import torch
 
 from .. import exact
 from ..communicator import Communicator
-from ..errors import TransportError
 from ._common import own_connection
 
 log = logging.getLogger("ud_transport")
 
 SENDER, RECEIVER = 0, 1  # the two ranks of a pair
+# How long a refresh waits for a neighbour that has not come (at most half the group's join
+# timeout): every rank reaches the refresh right after the same all-gather, so a neighbour that
+# is not there within seconds died after it. Waiting the group's join timeout would leave the
+# two neighbours late to the group's next call, by as long as the others wait there for the dead
+# rank, and a neighbour that came after they gave up would blame itself.
+PAIR_JOIN_TIMEOUT_S = 10.0
 
 
 def encode(pieces):
@@ -66,12 +79,14 @@ class NeighbourReplica:
         if n < 2:
             return
         following, previous = (me + 1) % n, (me - 1) % n
+        options = dataclasses.replace(comm.options,
+                                      join_timeout_s=min(PAIR_JOIN_TIMEOUT_S, comm.options.join_timeout_s / 2))
         opened = {}
 
         def open_pair(role, sender, receiver):
             try:  # each pair meets on a store connection of its own (one TCPStore connection serves one
                 # wait at a time), under a name of the group's session and the two ranks
-                opened[role] = Communicator(role, 2, own_connection(comm.store), comm.transport_name, comm.options,
+                opened[role] = Communicator(role, 2, own_connection(comm.store), comm.transport_name, options,
                                             name=f"{comm.family}/replica/{comm.session_id:x}/{sender}-{receiver}")
             except Exception as error:  # a neighbour that did not come: no replica, agreed below
                 opened[role] = error
@@ -127,7 +142,7 @@ class NeighbourReplica:
             received = torch.empty(int(length), dtype=torch.uint8)
             exact.broadcast(self._from_previous, received, SENDER, deadline=self.deadline, collective="replica")
             self.held = decode(received.numpy().tobytes())
-        except TransportError as error:
+        except Exception as error:  # the step that called this stands whatever a copy does
             errors.append(error)
         finally:
             sending.join()

@@ -223,6 +223,14 @@ class LossTolerantOptimizer:
         self._handed = None
         self._handed = resharding.gather_records(self.communicator, self._record(), self.deadline)
 
+    def close(self):
+        """Close what this optimizer opened beside its group: the pairs of ``replicate_every``'s
+        copies (their sockets and store connections). Idempotent; the group's communicator is the
+        caller's to close."""
+        if self.replica is not None:
+            self.replica.close()
+            self.replica = None
+
     def _record(self):
         """This rank's shard as resharding's record: its pieces' ranges, values and state, and
         the settings of their parameter groups."""
