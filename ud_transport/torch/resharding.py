@@ -31,9 +31,20 @@ def encode(pieces, settings, replica=()):
     """This rank's record: `pieces` as (start, stop, group, values, state), `settings`
     {group index: its settings now}, and `replica`, the copy of another rank's pieces this rank
     holds as (start, stop, group, state), as bytes."""
+    return to_bytes({"pieces": pieces, "settings": settings, "replica": list(replica)})
+
+
+def to_bytes(value):
+    """`value` (tensors, numbers, containers of them) as bytes, torch.save's."""
     buffer = io.BytesIO()
-    torch.save({"pieces": pieces, "settings": settings, "replica": list(replica)}, buffer)
+    torch.save(value, buffer)
     return buffer.getvalue()
+
+
+def from_bytes(data):
+    """What `to_bytes` wrote, its tensors on the host: a rank's record holds tensors of the device
+    it saved them on (cuda:r on rank r), which this rank may not have."""
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 def gather_records(comm, record, deadline):
@@ -48,10 +59,8 @@ def gather_records(comm, record, deadline):
     everyone = torch.empty(comm.world_size * longest, dtype=torch.uint8)
     exact.all_gather(comm, mine, everyone, deadline=deadline, collective="reshard records")
     rows = everyone.view(comm.world_size, longest)
-    # on the host: a rank's record holds tensors of the device it saved them on (cuda:r on rank r),
-    # which this rank may not have; _shard_optimizer moves the state to its parameters' device
-    return [torch.load(io.BytesIO(rows[rank, :int(lengths[rank])].numpy().tobytes()), weights_only=True,
-                       map_location="cpu") for rank in range(comm.world_size)]
+    # on the host (from_bytes); _shard_optimizer moves the state to its parameters' device
+    return [from_bytes(rows[rank, :int(lengths[rank])].numpy().tobytes()) for rank in range(comm.world_size)]
 
 
 def owners_values(records, flat):

@@ -21,7 +21,6 @@ the dead rank's state when it died at a step's start. If it died in a step's par
 all-gather, after the owners stepped, the copy is one step older. Nothing is copied until the
 first refresh after the group was made."""
 import dataclasses
-import io
 import logging
 import threading
 
@@ -30,6 +29,7 @@ import torch
 from .. import exact
 from ..communicator import Communicator
 from ._common import own_connection
+from .resharding import from_bytes, to_bytes
 
 log = logging.getLogger("ud_transport")
 
@@ -42,18 +42,6 @@ SENDER, RECEIVER = 0, 1  # the two ranks of a pair
 PAIR_JOIN_TIMEOUT_S = 10.0
 
 
-def encode(pieces):
-    """A shard's state as bytes: `pieces` as (start, stop, group, {state name: value})."""
-    buffer = io.BytesIO()
-    torch.save(pieces, buffer)
-    return buffer.getvalue()
-
-
-def decode(record):
-    """The pieces `encode` wrote (tensors on the host)."""
-    return torch.load(io.BytesIO(record), weights_only=True, map_location="cpu")
-
-
 class NeighbourReplica:
     """This rank's two pairs in the ring of copies over `comm`, and the previous rank's last copy.
 
@@ -64,8 +52,8 @@ class NeighbourReplica:
     Attributes
     ----------
     held : list or None
-        The previous rank's pieces at the last refresh that reached this rank, as ``decode`` gives
-        them, or None.
+        The previous rank's pieces at the last refresh that reached this rank, as ``resharding.from_bytes``
+        gives them, or None.
     refreshes, failures : int
         Refreshes made, and those that failed.
     """
@@ -116,13 +104,13 @@ class NeighbourReplica:
         return self._to_next is not None
 
     def refresh(self, pieces):
-        """Send this rank's `pieces` (``encode``'s input) to the next rank and take the previous
+        """Send this rank's `pieces` ((start, stop, group, {state name: value}), ...) to the next rank and take the previous
         rank's into ``held``; every rank of the group calls it at the same step. Returns whether
         both went through."""
         if not self.active:
             return False
         self.refreshes += 1
-        record = encode(pieces)
+        record = to_bytes(pieces)
         errors = []
 
         def send():
@@ -141,7 +129,7 @@ class NeighbourReplica:
             exact.broadcast(self._from_previous, length, SENDER, deadline=self.deadline, collective="replica length")
             received = torch.empty(int(length), dtype=torch.uint8)
             exact.broadcast(self._from_previous, received, SENDER, deadline=self.deadline, collective="replica")
-            self.held = decode(received.numpy().tobytes())
+            self.held = from_bytes(received.numpy().tobytes())
         except Exception as error:  # the step that called this stands whatever a copy does
             errors.append(error)
         finally:
