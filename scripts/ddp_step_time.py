@@ -17,6 +17,7 @@ batches. A step's time is its slowest rank's (a store barrier lines the ranks up
     python3 scripts/ddp_step_time.py --hosts veth --kernel-loss 0.01   # 1% of UDP and TCP packets dropped
     python3 scripts/ddp_step_time.py --fsdp      # also FSDP2 (fully_shard per layer) on Gloo and on "ud"
     python3 scripts/ddp_step_time.py --two-stage # also the two-stage step (LossTolerantOptimizer) on "ud"
+    python3 scripts/ddp_step_time.py --two-stage --optimizer adamw --replicate-every 1,10   # + its copies
 
 With --kernel-loss, nftables drops that share of every UDP and TCP packet (the store's port
 excepted), so Gloo's TCP retransmits and "ud" estimates; the "ud" arms then end on parameters
@@ -27,6 +28,14 @@ model with ud_transport.torch.LossTolerantOptimizer over a "ud" group of one str
 "auto", the default budget): a lossy reduce-scatter of the gradients, the inner SGD step on this
 rank's shard, a lossy all-gather of the parameters; its ratios are to DDP on Gloo, and it ends
 near Gloo's parameters (another summation order), not on them.
+
+--replicate-every K adds a two-stage arm whose optimizer copies each shard's state to the next
+rank every K steps (LossTolerantOptimizer(replicate_every=K)); its step time is also given against
+the two-stage arm's, which is the same step without the copies. SGD keeps no state, so that is
+measured with --optimizer adamw (every arm then uses AdamW). A refresh runs on a thread of its own
+beside the caller's next forward and backward; here each arm's step waits for its refresh, so the
+figure is the copy's whole cost, as a machine without a free core pays it (the arms take turns, and
+a refresh left running would be timed in the next arm's step instead).
 """
 import argparse
 import os
@@ -52,6 +61,14 @@ def build_model(config):
     return torch.nn.Sequential(*layers, torch.nn.Linear(config["width"], 1))
 
 
+def inner_optimizer(parameters, config):
+    import torch
+
+    if config["optimizer"] == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-3)
+    return torch.optim.SGD(parameters, lr=1e-3)
+
+
 def arms_on_rank(comm, config):
     """On every rank: the arms' models; name -> (model, optimizer, stripes, the "ud" group or None)."""
     import torch
@@ -67,11 +84,13 @@ def arms_on_rank(comm, config):
         model = build_model(config)
         stripes = None
         if name.startswith("fsdp-"):
-            arms[name] = fully_sharded(model, name, torch, dist, udt)
+            arms[name] = fully_sharded(model, name, torch, dist, udt, config)
             continue
-        if name == "two-stage":
+        if name.startswith("two-stage"):
             group = dist.new_group(backend="ud", pg_options=udt.BackendOptions(communicator={"stripes": 1}))
-            optimizer = udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), communicator=group)
+            every = int(name.removeprefix("two-stage+copy/")) if name.startswith("two-stage+copy/") else None
+            optimizer = udt.LossTolerantOptimizer(inner_optimizer(model.parameters(), config), communicator=group,
+                                                  replicate_every=every)
             arms[name] = (model, optimizer, group.communicator.stripes, optimizer)  # its counters: what arrived
             continue
         if name == "gloo":
@@ -81,11 +100,11 @@ def arms_on_rank(comm, config):
                 communicator={"stripes": name.removeprefix("ud-") if name == "ud-auto" else int(name.removeprefix("ud-"))}))
             stripes = group.communicator.stripes
             model = DDP(model, process_group=group)
-        arms[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), stripes, group if name.startswith("ud-") else None)
+        arms[name] = (model, inner_optimizer(model.parameters(), config), stripes, group if name.startswith("ud-") else None)
     return arms
 
 
-def fully_sharded(model, name, torch, dist, udt):
+def fully_sharded(model, name, torch, dist, udt, config):
     """FSDP2 over Gloo (the default group) or over a "ud" group of one stripe: each Linear layer
     sharded, then the whole model."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -97,7 +116,7 @@ def fully_sharded(model, name, torch, dist, udt):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3), group.communicator.stripes if group else None, group
+    return model, inner_optimizer(model.parameters(), config), group.communicator.stripes if group else None, group
 
 
 def steps(comm, config):
@@ -117,6 +136,8 @@ def steps(comm, config):
             loss = torch.nn.functional.mse_loss(model(batch), target)
             loss.backward()
             optimizer.step()
+            if name.startswith("two-stage+copy/") and optimizer.replica is not None:
+                optimizer.replica.wait()  # its refresh, in the step's time: see the docstring
             optimizer.zero_grad(set_to_none=False)
             if step >= config["warmup"]:
                 times[name].append(time.perf_counter() - start)
@@ -129,10 +150,16 @@ def steps(comm, config):
         if arm[3] is not None:
             counts = arm[3].counters.to_dict()
             delivered[name] = min(counts["mean_reduce_fraction"], counts["mean_gather_fraction"])
+    copies = {name: (arm[1].replica.refreshes, arm[1].replica.failures) for name, arm in arms.items()
+              if name.startswith("two-stage+copy/") and arm[1].replica is not None}
+    for _, optimizer, _, _ in arms.values():
+        if hasattr(optimizer, "close"):
+            optimizer.close()  # a LossTolerantOptimizer's replica pairs
     import torch.distributed as dist
 
     dist.destroy_process_group()
-    return dict(times=times, stripes={name: arm[2] for name, arm in arms.items()}, drift=drift, delivered=delivered)
+    return dict(times=times, stripes={name: arm[2] for name, arm in arms.items()}, drift=drift, delivered=delivered,
+                copies=copies)
 
 
 def report(per_rank, config, where):
@@ -163,6 +190,18 @@ def report(per_rank, config, where):
         print(f"| {name} | {stripes if stripes is not None else ''} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} | "
               f"{(p50 - compute_p50) * 1e3:+.1f} | {ratio} | {delivered} | {'' if name in ('gloo', 'compute') else f'{drift:.1e}'} "
               f"| {total:.2f}{total_ratio} |")
+    copied = [name for name in names if name.startswith("two-stage+copy/")]
+    if copied and "two-stage" in slowest:
+        base = slowest["two-stage"]
+        print(f"\n# the optimizer state's copies ({config['optimizer']}), against the same two-stage step without them")
+        print("| arm | step p50 / p99 ms | / two-stage p50, p99 | all steps s (/ two-stage) | refreshes, failed (rank 0) |")
+        print("|---|---|---|---|---|")
+        for name in copied:
+            times = slowest[name]
+            refreshes, failures = per_rank[0]["copies"].get(name, (0, 0))
+            print(f"| {name} | {np.percentile(times, 50) * 1e3:.1f} / {np.percentile(times, 99) * 1e3:.1f} | "
+                  f"{np.percentile(times, 50) / np.percentile(base, 50):.2f}x, {np.percentile(times, 99) / np.percentile(base, 99):.2f}x | "
+                  f"{float(np.sum(times)):.2f} ({float(np.sum(times)) / float(np.sum(base)):.2f}x) | {refreshes}, {failures} |")
 
 
 def main():
@@ -181,10 +220,14 @@ def main():
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--fsdp", action="store_true", help="add FSDP2 arms on Gloo and on \"ud\" (1 stripe)")
     parser.add_argument("--two-stage", action="store_true", help="add the two-stage step on \"ud\" (1 stripe)")
+    parser.add_argument("--replicate-every", default="",
+                        help="comma-separated K: a two-stage arm per K whose shards' state is copied every K steps")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="every arm's optimizer")
     args = parser.parse_args()
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
                   arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()]
-                  + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []) + (["two-stage"] if args.two_stage else []))
+                  + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []) + (["two-stage"] if args.two_stage or args.replicate_every else [])
+                  + [f"two-stage+copy/{int(k)}" for k in args.replicate_every.split(",") if k.strip()])
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# ddp_step_time: skipped: {reason}")

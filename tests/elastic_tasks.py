@@ -59,11 +59,14 @@ def _flat(model):
 
 def _train(model, opt, batches, steps, first_step=0, die_at=None, will=None):
     """Steps [first_step, steps); returns (the step a PeerTimeout came at or None, the error, last loss).
-    `will`: a path where a rank that dies at `die_at` leaves its shard_state() first."""
+    `will`: a path where a rank that dies at `die_at` leaves its shard_state() first, after the
+    copy of it that its last step started (replicate_every) has reached the next rank."""
     loss = None
     for step in range(first_step, steps):
         if step == die_at:
             if will:
+                if opt.replica is not None:
+                    opt.replica.wait()
                 torch.save(shard_state(opt), will)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batches[step]
@@ -420,11 +423,22 @@ def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, 
     """Ranks train with the optimizer state copied to the next rank every `every` steps
     (replicate_every); `victim` leaves its shard_state() at `will` and dies at `kill_at`; the
     survivors shrink, regroup and train on to `steps`. Returns each survivor's shard before and
-    after the move, copied and restarted elements, the replica's counts, and parameters."""
+    after the move, copied and restarted elements, the replica's counts, and parameters.
+    Without a `will`, the victim dies as its refresh after step kill_at - 1 begins, before it
+    sends anything: that copy never reaches the next rank, and it never starts step kill_at."""
     rank = cluster_comm.rank
     model = _model()
     comm = _communicator(rank, world_size, port, family)
     opt = _optimizer(model, comm, replicate_every=every)
+    if rank == victim and will is None:
+        refresh = opt.replica.refresh
+
+        def die_in_the_refresh(pieces):
+            if opt.replica.refreshes == kill_at - 1:  # the refresh after step kill_at - 1
+                os.kill(os.getpid(), signal.SIGKILL)
+            return refresh(pieces)
+
+        opt.replica.refresh = die_in_the_refresh
     batches = _batches(100 + rank, steps)
     failed_at, error, _ = _train(model, opt, batches, steps, die_at=kill_at if rank == victim else None, will=will)
     before_shrink, refreshed = shard_state(opt), (opt.replica.refreshes, opt.replica.failures)

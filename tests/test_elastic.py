@@ -155,6 +155,36 @@ def test_a_copy_is_as_old_as_its_last_refresh(store_port, tmp_path):
         sum(result["after_shrink"]["copied"] for result in by_rank.values())
 
 
+def test_a_copy_cut_short_by_its_senders_death_leaves_the_one_before(store_port):
+    """A rank that dies as its refresh after step 2 of 3 begins, before it sent anything (the
+    refresh runs beside the next step, so a death there cuts it short), leaves the next rank the
+    copy of the refresh before: its range comes back with AdamW's step count at 2, that next
+    rank counts the failed refresh, and nothing restarts."""
+    world, victim, kill_at, steps = 3, 1, 3, 5
+    by_rank = run_with_victims(world, [victim], elastic_tasks.die_with_a_replica, store_port, "replica-cut",
+                               world, victim, kill_at, steps, None)
+    following = by_rank[(victim + 1) % world]
+    assert following["refreshed"][1] == 1, f"the next rank's refreshes, failures: {following['refreshed']}"
+    dead_ranges = [_unowned([r["before_shrink"] for r in by_rank.values()], following["flat"].numel())]
+    for rank, result in by_rank.items():
+        assert result["failed_at"] == kill_at and result["blamed"] == victim and result["late_error"] is None, result
+        assert result["after_shrink"]["restarted"] == 0, f"rank {rank}"
+    copied = [(low, high, float(state["step"])) for result in by_rank.values()
+              for low, high, _, state in result["after_shrink"]["state"]
+              if any(start <= low and high <= stop for start, stop in dead_ranges)]
+    assert copied and {step for _, _, step in copied} == {2.0}, copied
+    assert sum(high - low for low, high, _ in copied) == sum(r["after_shrink"]["copied"] for r in by_rank.values())
+
+
+def _unowned(shards, count):
+    """The one [start, stop) of [0, count) that none of the survivors' `shards` (shard_state()s) covers."""
+    owned = sorted((start, stop) for shard in shards for start, stop, _, _ in shard)
+    gaps = [(a_stop, b_start) for (_, a_stop), (b_start, _) in zip([(0, 0)] + owned, owned + [(count, count)])
+            if a_stop < b_start]
+    assert len(gaps) == 1, (owned, count)
+    return gaps[0]
+
+
 @pytest.mark.parametrize("exclusion, error", [
     ("not a list", TypeError), ([], ValueError), ([1, 1], ValueError), ([5], ValueError), ([0, 1, 2], ValueError),
     ([True], TypeError), ([0], RuntimeError),

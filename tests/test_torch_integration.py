@@ -424,6 +424,40 @@ def test_a_replica_fills_only_what_no_owner_holds():
     assert torch.equal(pieces[2].state["exp_avg"], torch.arange(4.0)) and float(pieces[2].state["step"]) == 8.0
 
 
+def test_a_replica_payload_brings_back_every_state_value_bit_for_bit():
+    """shard_replica.pack/unpack, the refresh's wire form: every dtype a state may hold, scalars,
+    empty and non-contiguous tensors, odd byte lengths (alignment of the next tensor) and values
+    that are not tensors come back equal, dtype and shape included."""
+    from ud_transport.torch import resharding
+    from ud_transport.torch.shard_replica import pack, unpack
+
+    generator = torch.Generator().manual_seed(3)
+    wide = torch.randn(5, 6, generator=generator, dtype=torch.float64)
+    pieces = [(0, 7, 0, {"exp_avg": torch.randn(7, generator=generator), "step": torch.tensor(12.0),
+                         "flags": torch.tensor([True, False, True]), "bytes": torch.arange(5, dtype=torch.uint8)}),
+              (7, 7, 1, {}),
+              (7, 37, 1, {"transposed": wide.t(), "half": torch.randn(3, generator=generator).half(),
+                          "empty": torch.empty(0, 4), "count": 3, "lr_scale": 0.5, "name": "x", "none": None,
+                          "complex": torch.randn(2, dtype=torch.complex128, generator=generator),
+                          "ints": torch.arange(-3, 4, dtype=torch.int64)})]
+    payload, sizes = pack(pieces)
+    assert payload.dtype == torch.uint8 and int(sizes.sum()) == payload.numel()
+    back = unpack(payload.clone(), int(sizes[0]))  # as received: a buffer of its own
+    back = resharding.from_bytes(resharding.to_bytes(back))  # as a regroup's record carries the copy on
+    assert [(a, b, g) for a, b, g, _ in back] == [(a, b, g) for a, b, g, _ in pieces]
+    for (_, _, _, sent), (_, _, _, got) in zip(pieces, back):
+        assert list(got) == list(sent)
+        for name, value in sent.items():
+            if torch.is_tensor(value):
+                assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+                assert torch.equal(got[name], value), name
+            else:
+                assert got[name] == value, name
+    # the payload is a snapshot: a later change of the state does not reach it
+    pieces[0][3]["exp_avg"].add_(1.0)
+    assert not torch.equal(unpack(payload.clone(), int(sizes[0]))[0][3]["exp_avg"], pieces[0][3]["exp_avg"])
+
+
 @pytest.mark.parametrize("world, loss", [(3, 0.0), (4, 0.1)])
 def test_send_and_recv_on_ud_deliver_what_gloo_delivers(world, loss):
     """Every rank sends to and receives from both ring neighbours at once (four dtypes), one

@@ -5,10 +5,11 @@ the last refresh, instead of restarting it (Adam: moments zero, step 0).
 
 The copies travel on two communicators of two ranks each, opened beside the group's, on the
 same store, transport and options: one to the next rank (this rank sends) and one from the
-previous rank (this rank receives). Each refresh sends this rank's state and takes the previous
-rank's, both at once, on two threads. It is an exact broadcast on each pair, its length first.
-Per rank that is the shard's state once: for Adam, two values per element of the shard. A step
-moves about two values per element of the whole model, so at one refresh per step the copy adds
+previous rank (this rank receives). A refresh copies the state into one buffer on the caller's
+thread (``pack``), then sends it and takes the previous rank's on threads of its own, beside the
+caller's next forward and backward: an exact broadcast on each pair, the sizes first. Per rank
+that is the shard's state once: for Adam, two values per element of the shard. A step moves
+about two values per element of the whole model, so at one refresh per step the copy adds
 1/(n - 1) of a step's bytes.
 
 A refresh that fails keeps the copy held before it, and is counted in ``failures``. That happens
@@ -17,9 +18,10 @@ group's join timeout), and the group's next collective then names the death. A r
 raises: the step it follows has already changed the parameters.
 
 A copy is as old as the last refresh that completed. With a refresh after every step, that is
-the dead rank's state when it died at a step's start. If it died in a step's parameter
-all-gather, after the owners stepped, the copy is one step older. Nothing is copied until the
-first refresh after the group was made."""
+the dead rank's state when it died at a step's start with its last refresh through. It is one
+refresh older when the death cut that refresh short (it runs during the next step's forward and
+backward), or cut a step's parameter all-gather short after the owners stepped. Nothing is
+copied until the first refresh after the group was made."""
 import dataclasses
 import logging
 import threading
@@ -52,16 +54,15 @@ class NeighbourReplica:
     Attributes
     ----------
     held : list or None
-        The previous rank's pieces at the last refresh that reached this rank, as ``resharding.from_bytes``
-        gives them, or None.
+        The previous rank's pieces at the last refresh that reached this rank, or None.
     refreshes, failures : int
-        Refreshes made, and those that failed.
+        Refreshes started, and those that failed.
     """
 
     def __init__(self, comm, deadline=None):
         self.deadline, self.rank = deadline, comm.rank
-        self.held = None
-        self.refreshes = self.failures = 0
+        self._held, self._exchange = None, None
+        self.refreshes = self._failures = 0
         self._to_next = self._from_previous = None
         n, me = comm.world_size, comm.rank
         if n < 2:
@@ -104,45 +105,123 @@ class NeighbourReplica:
         return self._to_next is not None
 
     def refresh(self, pieces):
-        """Send this rank's `pieces` ((start, stop, group, {state name: value}), ...) to the next rank and take the previous
-        rank's into ``held``; every rank of the group calls it at the same step. Returns whether
-        both went through."""
+        """Send this rank's `pieces` ((start, stop, group, {state name: value}), ...) to the next
+        rank and take the previous rank's into ``held``; every rank of the group calls it at the
+        same step. The state is copied here, on the caller's thread; the exchange runs on a
+        thread of its own and overlaps what the caller does next (the next step's forward and
+        backward), after the refresh before it has ended. Returns False where there is no replica."""
         if not self.active:
             return False
+        self.wait()  # one exchange at a time on each pair
         self.refreshes += 1
-        record = to_bytes(pieces)
+        payload, sizes = pack(pieces)
+        self._exchange = threading.Thread(target=self._run_exchange, args=(payload, sizes), name="ud-replica-refresh",
+                                          daemon=True)
+        self._exchange.start()
+        return True
+
+    def wait(self):
+        """Until the refresh in flight, if any, has ended (at most the deadline of its calls)."""
+        exchange = self._exchange
+        if exchange is not None:
+            exchange.join()
+            self._exchange = None
+
+    @property
+    def held(self):
+        """The previous rank's pieces at the last refresh that reached this rank, as ``unpack``
+        gives them, or None; waits for the refresh in flight."""
+        self.wait()
+        return self._held
+
+    @property
+    def failures(self):
+        """Refreshes that failed (the copy held before each was kept); waits for the one in flight."""
+        self.wait()
+        return self._failures
+
+    def _run_exchange(self, payload, sizes):
         errors = []
 
         def send():
             try:
-                length = torch.tensor([len(record)], dtype=torch.int64)
-                exact.broadcast(self._to_next, length, SENDER, deadline=self.deadline, collective="replica length")
-                exact.broadcast(self._to_next, torch.frombuffer(bytearray(record), dtype=torch.uint8), SENDER,
-                                deadline=self.deadline, collective="replica")
-            except Exception as error:  # reported below, on the caller's thread
+                exact.broadcast(self._to_next, sizes, SENDER, deadline=self.deadline, collective="replica length")
+                exact.broadcast(self._to_next, payload, SENDER, deadline=self.deadline, collective="replica")
+            except Exception as error:  # reported below
                 errors.append(error)
 
         sending = threading.Thread(target=send, name="ud-replica-send", daemon=True)
         sending.start()
         try:
-            length = torch.zeros(1, dtype=torch.int64)
-            exact.broadcast(self._from_previous, length, SENDER, deadline=self.deadline, collective="replica length")
-            received = torch.empty(int(length), dtype=torch.uint8)
+            theirs = torch.zeros(2, dtype=torch.int64)
+            exact.broadcast(self._from_previous, theirs, SENDER, deadline=self.deadline, collective="replica length")
+            received = torch.empty(int(theirs.sum()), dtype=torch.uint8)
             exact.broadcast(self._from_previous, received, SENDER, deadline=self.deadline, collective="replica")
-            self.held = from_bytes(received.numpy().tobytes())
-        except Exception as error:  # the step that called this stands whatever a copy does
+            self._held = unpack(received, int(theirs[0]))
+        except Exception as error:  # the step that started this stands whatever a copy does
             errors.append(error)
         finally:
             sending.join()
         if errors:
-            self.failures += 1
+            self._failures += 1
             log.warning("rank %d: a refresh of the optimizer state's replica failed (the copy held is kept): %s",
                         self.rank, errors[0])
-        return not errors
 
     def close(self):
+        self.wait()
         for pair in (self._to_next, self._from_previous):
             if pair is not None:
                 pair.close()
                 pair.store = None  # and its connection to the store
         self._to_next = self._from_previous = None
+
+
+ALIGN = 16  # each tensor's bytes start at a multiple of this in the payload (a dtype view needs it)
+
+
+def pack(pieces):
+    """`pieces` ((start, stop, group, {name: value}), ...) as one uint8 tensor and its two
+    sizes (int64: the tensors' bytes, then the layout's). The tensors' bytes are copied once, in
+    place, each at an aligned offset; the layout (ranges, names, dtypes, shapes, the values that
+    are not tensors) follows them, as resharding.to_bytes writes it. Pickling the tensors with
+    torch.save instead, then copying its bytes into a tensor and back out, took about four passes
+    over the state per refresh on each side."""
+    layout, tensors, offset = [], [], 0
+    for start, stop, group, state in pieces:
+        entries = []
+        for name, value in state.items():
+            if torch.is_tensor(value):
+                entries.append((name, offset, value.dtype, tuple(value.shape)))
+                tensors.append((offset, value))
+                offset += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
+            else:
+                entries.append((name, None, None, value))
+        layout.append((start, stop, group, entries))
+    described = to_bytes(layout)
+    payload = torch.empty(offset + len(described), dtype=torch.uint8)
+    for at, value in tensors:
+        size = value.numel() * value.element_size()
+        payload[at:at + size].view(value.dtype).copy_(value.detach().reshape(-1))  # from any device
+    payload[offset:] = torch.frombuffer(bytearray(described), dtype=torch.uint8)
+    return payload, torch.tensor([offset, len(described)], dtype=torch.int64)
+
+
+def unpack(payload, tensor_bytes):
+    """What `pack` made, as (start, stop, group, {name: value}), ...; its tensors on the host."""
+    layout = from_bytes(payload[tensor_bytes:].numpy().tobytes())
+    pieces = []
+    for start, stop, group, entries in layout:
+        state = {}
+        for name, offset, dtype, value in entries:
+            if offset is None:
+                state[name] = value
+                continue
+            count = 1
+            for extent in value:
+                count *= extent
+            size = count * dtype.itemsize
+            # a tensor of its own: a view would carry the whole payload's storage into
+            # torch.save (the regroup's record), and its dtype view does not survive it
+            state[name] = payload[offset:offset + size].view(dtype).view(value).clone()
+        pieces.append((start, stop, group, state))
+    return pieces

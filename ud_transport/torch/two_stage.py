@@ -75,8 +75,8 @@ class LossTolerantOptimizer:
         Every this many steps, each rank's shard of the optimizer state is copied to the next
         rank of the group (``ud_transport.torch.shard_replica``); when a rank dies, ``regroup``
         takes its shard's state from that copy (as old as the last refresh) instead of
-        restarting it. Costs, for Adam at every step, 1/(n - 1) of a step's bytes. None (the
-        default): no copy.
+        restarting it. Costs, for Adam at every step, 1/(n - 1) of a step's bytes; the
+        exchange runs beside the next step's forward and backward. None (the default): no copy.
     join : bool, default False
         This rank is new to a group that grew (``Communicator.grow`` / ``ud_transport.torch.
         grow_group``): it takes rank 0's parameters and its shard's optimizer state from the
