@@ -135,6 +135,7 @@ def run_ud(cluster_comm, arm, config):
         optimizer.zero_grad()
         _evaluate(step, config, model, valid_data, curve, comm.rank == 0)
         step += 1
+    optimizer.close()  # the replica's pairs, after its last refresh
     comm.close()
     return {"curve": curve, "events": events, "rank": comm.rank, "wall_s": time.perf_counter() - started}
 

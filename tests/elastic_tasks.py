@@ -11,6 +11,7 @@ import signal
 import torch
 
 import ud_transport
+from ud_transport import exact
 from ud_transport import options as options_module
 from ud_transport.torch import LossTolerantOptimizer
 
@@ -64,9 +65,9 @@ def _train(model, opt, batches, steps, first_step=0, die_at=None, will=None):
     loss = None
     for step in range(first_step, steps):
         if step == die_at:
+            if opt.replica is not None:
+                opt.replica.wait()
             if will:
-                if opt.replica is not None:
-                    opt.replica.wait()
                 torch.save(shard_state(opt), will)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batches[step]
@@ -424,21 +425,23 @@ def die_with_a_replica(cluster_comm, port, family, world_size, victim, kill_at, 
     (replicate_every); `victim` leaves its shard_state() at `will` and dies at `kill_at`; the
     survivors shrink, regroup and train on to `steps`. Returns each survivor's shard before and
     after the move, copied and restarted elements, the replica's counts, and parameters.
-    Without a `will`, the victim dies as its refresh after step kill_at - 1 begins, before it
-    sends anything: that copy never reaches the next rank, and it never starts step kill_at."""
+    Without a `will`, the victim dies in its refresh after step kill_at - 1, having sent the
+    sizes but not the state: that copy never reaches the next rank, and the victim never starts
+    step kill_at (it waits for that refresh first)."""
     rank = cluster_comm.rank
     model = _model()
     comm = _communicator(rank, world_size, port, family)
     opt = _optimizer(model, comm, replicate_every=every)
     if rank == victim and will is None:
-        refresh = opt.replica.refresh
+        broadcast = exact.broadcast
 
-        def die_in_the_refresh(pieces):
-            if opt.replica.refreshes == kill_at - 1:  # the refresh after step kill_at - 1
+        def die_sending_its_state(comm, tensor, *arguments, collective=None, **options):
+            # the refresh after step kill_at - 1: its sizes went to the next rank, its state does not
+            if collective == "replica" and comm is opt.replica._to_next and opt.replica.refreshes == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return refresh(pieces)
+            return broadcast(comm, tensor, *arguments, collective=collective, **options)
 
-        opt.replica.refresh = die_in_the_refresh
+        exact.broadcast = die_sending_its_state  # its step kill_at waits for that exchange first
     batches = _batches(100 + rank, steps)
     failed_at, error, _ = _train(model, opt, batches, steps, die_at=kill_at if rank == victim else None, will=will)
     before_shrink, refreshed = shard_state(opt), (opt.replica.refreshes, opt.replica.failures)

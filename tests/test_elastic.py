@@ -156,10 +156,10 @@ def test_a_copy_is_as_old_as_its_last_refresh(store_port, tmp_path):
 
 
 def test_a_copy_cut_short_by_its_senders_death_leaves_the_one_before(store_port):
-    """A rank that dies as its refresh after step 2 of 3 begins, before it sent anything (the
-    refresh runs beside the next step, so a death there cuts it short), leaves the next rank the
-    copy of the refresh before: its range comes back with AdamW's step count at 2, that next
-    rank counts the failed refresh, and nothing restarts."""
+    """A rank that dies in the middle of its refresh after step 2 of 3 (its sizes sent, its
+    state not; a refresh runs beside the next step, where a death cuts it short) leaves the next
+    rank the copy of the refresh before: its range comes back with AdamW's step count at 2,
+    that next rank counts the failed refresh, and nothing restarts."""
     world, victim, kill_at, steps = 3, 1, 3, 5
     by_rank = run_with_victims(world, [victim], elastic_tasks.die_with_a_replica, store_port, "replica-cut",
                                world, victim, kill_at, steps, None)

@@ -1,6 +1,7 @@
 """The torch layer: backend "ud", the DDP comm hook, the two-stage optimizer,
 exact collectives, drift and re-alignment; every rank checked."""
 import itertools
+import threading
 
 import pytest
 import torch
@@ -399,9 +400,23 @@ def test_replicate_every_out_of_range_is_refused_before_anything_is_sent():
     import ud_transport.torch as udt
 
     model = torch.nn.Linear(2, 2)
-    for bad in (0, -1, True, 1.0, "1"):
+    for bad in (0, -1, True, 1.0, "1", 2**31):
         with pytest.raises(ValueError, match="replicate_every"):
             udt.LossTolerantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), replicate_every=bad)
+
+
+def test_ranks_that_pass_different_replicate_every_get_the_same_error():
+    """replicate_every must match across the group (each pair's calls must): a mismatch, None
+    against a number included, is the same ValueError on every rank at construction, before any
+    pair is opened, and the parameters keep their values."""
+    cluster = get_cluster(3)
+    for every in ([1, None, 1], [2, 3, 2]):
+        results = cluster.run(torch_tasks.replicate_every_mismatch, every)
+        errors = {error for error, _ in results}
+        assert len(errors) == 1 and None not in errors and "replicate_every differs" in errors.pop(), results
+        assert all(kept for _, kept in results)
+    for every in ([None] * 3, [2] * 3):  # alike: no error (the parameters become rank 0's)
+        assert [error for error, _ in cluster.run(torch_tasks.replicate_every_mismatch, every)] == [None] * 3
 
 
 def test_a_replica_fills_only_what_no_owner_holds():
@@ -441,8 +456,9 @@ def test_a_replica_payload_brings_back_every_state_value_bit_for_bit():
                           "complex": torch.randn(2, dtype=torch.complex128, generator=generator),
                           "ints": torch.arange(-3, 4, dtype=torch.int64)})]
     payload, sizes = pack(pieces)
-    assert payload.dtype == torch.uint8 and int(sizes.sum()) == payload.numel()
-    back = unpack(payload.clone(), int(sizes[0]))  # as received: a buffer of its own
+    assert payload.dtype == torch.uint8 and int(sizes.sum()) <= payload.numel() and payload.numel() % 16 == 0
+    assert not payload[int(sizes.sum()):].any(), "padding is zeros"
+    back = unpack(payload.clone(), int(sizes[0]), int(sizes[1]))  # as received: a buffer of its own
     back = resharding.from_bytes(resharding.to_bytes(back))  # as a regroup's record carries the copy on
     assert [(a, b, g) for a, b, g, _ in back] == [(a, b, g) for a, b, g, _ in pieces]
     for (_, _, _, sent), (_, _, _, got) in zip(pieces, back):
@@ -455,7 +471,60 @@ def test_a_replica_payload_brings_back_every_state_value_bit_for_bit():
                 assert got[name] == value, name
     # the payload is a snapshot: a later change of the state does not reach it
     pieces[0][3]["exp_avg"].add_(1.0)
-    assert not torch.equal(unpack(payload.clone(), int(sizes[0]))[0][3]["exp_avg"], pieces[0][3]["exp_avg"])
+    assert not torch.equal(unpack(payload.clone(), int(sizes[0]), int(sizes[1]))[0][3]["exp_avg"],
+                           pieces[0][3]["exp_avg"])
+
+
+def _replica_on_stand_in_pairs(exchange):
+    """A NeighbourReplica whose pairs are stand-ins (no communicator is opened) and whose exchange
+    is `exchange`: what is under test is what runs on the caller's thread around the exchange."""
+    from ud_transport.torch.shard_replica import NeighbourReplica
+
+    replica = NeighbourReplica.__new__(NeighbourReplica)
+    replica.rank, replica.deadline, replica.refreshes = 0, None, 0
+    replica._held, replica._exchange, replica._failures = None, None, 0
+    replica._to_next = replica._from_previous = object()
+    replica._run_exchange = exchange
+    return replica
+
+
+def test_a_replicas_copy_and_counts_wait_for_the_refresh_in_flight():
+    """refresh returns while its exchange runs; held and failures wait for it, and the next
+    refresh starts only after it ended (one exchange at a time on each pair)."""
+    release, started = threading.Event(), []
+
+    def exchange(payload, sizes):
+        started.append(int(sizes[0]))
+        release.wait(60)
+        replica._held = ["landed", len(started)]
+
+    replica = _replica_on_stand_in_pairs(exchange)
+    assert replica.refresh([(0, 1, 0, {"m": torch.ones(1)})]) and replica.refreshes == 1
+    seen = []
+    readers = [threading.Thread(target=lambda: seen.append(replica.held)),
+               threading.Thread(target=lambda: seen.append(replica.failures)),
+               threading.Thread(target=lambda: seen.append(replica.refresh([(0, 1, 0, {})])))]
+    for reader in readers:
+        reader.start()
+    readers[0].join(0.3)
+    assert all(reader.is_alive() for reader in readers) and seen == [] and len(started) == 1, \
+        "held, failures and the next refresh must wait for the exchange in flight"
+    release.set()
+    for reader in readers:
+        reader.join(60)
+    assert ["landed", 1] in seen or ["landed", 2] in seen
+    assert len(started) == 2 and replica.held == ["landed", 2] and replica.refreshes == 2
+
+
+def test_a_state_the_replica_cannot_copy_does_not_raise_and_keeps_the_pairs_in_step():
+    """A refresh whose state cannot be packed (here a value torch.save cannot pickle) never raises
+    into the step: its exchange still runs, and sends the sizes that say so (the next rank then
+    skips the payload and counts a failure) instead of leaving the pairs a call apart."""
+    sent = []
+    replica = _replica_on_stand_in_pairs(lambda payload, sizes: sent.append((payload, sizes.tolist())))
+    assert replica.refresh([(0, 1, 0, {"m": torch.ones(1), "f": lambda: 0})])
+    replica.wait()
+    assert sent == [(None, [-1, 0])]
 
 
 @pytest.mark.parametrize("world, loss", [(3, 0.0), (4, 0.1)])

@@ -1144,3 +1144,17 @@ def where_calls_run(comm, tag):
         finally:
             communicator.allreduce = real_allreduce
     return out
+
+
+def replicate_every_mismatch(comm, every_by_rank):
+    """Construct LossTolerantOptimizer with this rank's replicate_every; returns the error's
+    text (or None) and whether the parameters kept their values."""
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        udt.LossTolerantOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), communicator=comm,
+                                  replicate_every=every_by_rank[comm.rank], deadline=10.0)
+        error = None
+    except ValueError as caught:
+        error = str(caught)
+    return error, all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -114,7 +114,11 @@ class NeighbourReplica:
             return False
         self.wait()  # one exchange at a time on each pair
         self.refreshes += 1
-        payload, sizes = pack(pieces)
+        try:
+            payload, sizes = pack(pieces)
+        except Exception as error:  # a state this cannot copy: the pairs still take their turn
+            log.warning("rank %d: the optimizer state could not be copied for its replica: %s", self.rank, error)
+            payload, sizes = None, torch.tensor([-1, 0], dtype=torch.int64)
         self._exchange = threading.Thread(target=self._run_exchange, args=(payload, sizes), name="ud-replica-refresh",
                                           daemon=True)
         self._exchange.start()
@@ -125,7 +129,8 @@ class NeighbourReplica:
         exchange = self._exchange
         if exchange is not None:
             exchange.join()
-            self._exchange = None
+            if self._exchange is exchange:  # not one a refresh on another thread started since
+                self._exchange = None
 
     @property
     def held(self):
@@ -141,12 +146,15 @@ class NeighbourReplica:
         return self._failures
 
     def _run_exchange(self, payload, sizes):
-        errors = []
+        """Send `payload` (None: this rank could not pack its state, and `sizes` says so) on the
+        pair to the next rank and take the previous rank's, on two threads."""
+        errors = [] if payload is not None else [RuntimeError("this rank's state could not be packed")]
 
         def send():
             try:
                 exact.broadcast(self._to_next, sizes, SENDER, deadline=self.deadline, collective="replica length")
-                exact.broadcast(self._to_next, payload, SENDER, deadline=self.deadline, collective="replica")
+                if payload is not None:
+                    exact.broadcast(self._to_next, payload, SENDER, deadline=self.deadline, collective="replica")
             except Exception as error:  # reported below
                 errors.append(error)
 
@@ -155,9 +163,11 @@ class NeighbourReplica:
         try:
             theirs = torch.zeros(2, dtype=torch.int64)
             exact.broadcast(self._from_previous, theirs, SENDER, deadline=self.deadline, collective="replica length")
-            received = torch.empty(int(theirs.sum()), dtype=torch.uint8)
+            if int(theirs[0]) < 0:
+                raise RuntimeError("the previous rank could not pack its state")
+            received = torch.empty(padded(int(theirs.sum())), dtype=torch.uint8)
             exact.broadcast(self._from_previous, received, SENDER, deadline=self.deadline, collective="replica")
-            self._held = unpack(received, int(theirs[0]))
+            self._held = unpack(received, int(theirs[0]), int(theirs[1]))
         except Exception as error:  # the step that started this stands whatever a copy does
             errors.append(error)
         finally:
@@ -179,13 +189,19 @@ class NeighbourReplica:
 ALIGN = 16  # each tensor's bytes start at a multiple of this in the payload (a dtype view needs it)
 
 
+def padded(size):
+    """`size` rounded up to a multiple of ALIGN: the payload's length on the wire (a length of
+    whole words is sent from the buffer itself, not from a copy of it)."""
+    return -(-size // ALIGN) * ALIGN
+
+
 def pack(pieces):
     """`pieces` ((start, stop, group, {name: value}), ...) as one uint8 tensor and its two
     sizes (int64: the tensors' bytes, then the layout's). The tensors' bytes are copied once, in
     place, each at an aligned offset; the layout (ranges, names, dtypes, shapes, the values that
-    are not tensors) follows them, as resharding.to_bytes writes it. Pickling the tensors with
-    torch.save instead, then copying its bytes into a tensor and back out, took about four passes
-    over the state per refresh on each side."""
+    are not tensors) follows them, as resharding.to_bytes writes it, and zeros pad the whole to
+    ALIGN. Pickling the tensors with torch.save instead, then copying its bytes into a tensor and
+    back out, took about four passes over the state per refresh on each side."""
     layout, tensors, offset = [], [], 0
     for start, stop, group, state in pieces:
         entries = []
@@ -193,22 +209,25 @@ def pack(pieces):
             if torch.is_tensor(value):
                 entries.append((name, offset, value.dtype, tuple(value.shape)))
                 tensors.append((offset, value))
-                offset += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
+                offset = padded(offset + value.numel() * value.element_size())
             else:
                 entries.append((name, None, None, value))
         layout.append((start, stop, group, entries))
     described = to_bytes(layout)
-    payload = torch.empty(offset + len(described), dtype=torch.uint8)
+    payload = torch.empty(padded(offset + len(described)), dtype=torch.uint8)
     for at, value in tensors:
         size = value.numel() * value.element_size()
-        payload[at:at + size].view(value.dtype).copy_(value.detach().reshape(-1))  # from any device
-    payload[offset:] = torch.frombuffer(bytearray(described), dtype=torch.uint8)
+        payload[at:at + size].view(value.dtype).view(value.shape).copy_(value.detach())  # from any device
+        payload[at + size:padded(at + size)] = 0  # no stray heap bytes on the wire
+    payload[offset:offset + len(described)] = torch.frombuffer(bytearray(described), dtype=torch.uint8)
+    payload[offset + len(described):] = 0
     return payload, torch.tensor([offset, len(described)], dtype=torch.int64)
 
 
-def unpack(payload, tensor_bytes):
-    """What `pack` made, as (start, stop, group, {name: value}), ...; its tensors on the host."""
-    layout = from_bytes(payload[tensor_bytes:].numpy().tobytes())
+def unpack(payload, tensor_bytes, layout_bytes):
+    """What `pack` made, given its two sizes, as (start, stop, group, {name: value}), ...; its
+    tensors on the host, each of its own."""
+    layout = from_bytes(payload[tensor_bytes:tensor_bytes + layout_bytes].numpy().tobytes())
     pieces = []
     for start, stop, group, entries in layout:
         state = {}

@@ -30,6 +30,7 @@ from .chunk_repair import ErrorFeedback, Extrapolation, chunk_index_of_elements
 from .copies_choice import CopiesChooser
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+REPLICATE_EVERY_LIMIT = 2**31 - 1  # what the ranks' agreement on it carries
 
 
 class LossTolerantOptimizer:
@@ -76,7 +77,8 @@ class LossTolerantOptimizer:
         rank of the group (``ud_transport.torch.shard_replica``); when a rank dies, ``regroup``
         takes its shard's state from that copy (as old as the last refresh) instead of
         restarting it. Costs, for Adam at every step, 1/(n - 1) of a step's bytes; the
-        exchange runs beside the next step's forward and backward. None (the default): no copy.
+        exchange runs beside the next step's forward and backward. Every rank must pass the
+        same (agreed: a ValueError on every rank otherwise). None (the default): no copy.
     join : bool, default False
         This rank is new to a group that grew (``Communicator.grow`` / ``ud_transport.torch.
         grow_group``): it takes rank 0's parameters and its shard's optimizer state from the
@@ -103,7 +105,8 @@ class LossTolerantOptimizer:
     TypeError
         Parameters of several dtypes, or not floating.
     ValueError
-        Parameters not on the CPU, or a budget outside [0, 1].
+        Parameters on several devices (or off the CPU with error feedback or extrapolation), a
+        budget outside [0, 1], or ``replicate_every`` out of range or not the same on every rank.
 
     Examples
     --------
@@ -120,8 +123,9 @@ class LossTolerantOptimizer:
             raise ValueError(f"stale_fill must be 'keep' or 'extrapolate', got {stale_fill!r}")
         self.copies = copies if copies == "auto" else check_copies(copies)
         if replicate_every is not None and (isinstance(replicate_every, bool) or not isinstance(replicate_every, int)
-                                            or replicate_every < 1):
-            raise ValueError(f"replicate_every must be None or an int of at least 1, got {replicate_every!r}")
+                                            or not 1 <= replicate_every <= REPLICATE_EVERY_LIMIT):
+            raise ValueError(f"replicate_every must be None or an int from 1 to {REPLICATE_EVERY_LIMIT}, "
+                             f"got {replicate_every!r}")
         self.replicate_every = replicate_every
         self.replica = None
         self._steps_since_copy = 0
@@ -225,8 +229,9 @@ class LossTolerantOptimizer:
 
     def close(self):
         """Close what this optimizer opened beside its group: the pairs of ``replicate_every``'s
-        copies (their sockets and store connections). Idempotent; the group's communicator is the
-        caller's to close."""
+        copies (their sockets and store connections), after the refresh in flight. Idempotent;
+        the group's communicator is the caller's to close. Call it before the process ends: a
+        refresh cut short there counts as failed on the neighbours."""
         if self.replica is not None:
             self.replica.close()
             self.replica = None
@@ -254,6 +259,9 @@ class LossTolerantOptimizer:
         """Take rank 0's parameters exactly and this rank's shard of `comm`, with the state that
         `records` (resharding's, every rank's alike; None: a new optimizer) carry. Nothing of this
         optimizer changes unless every step succeeds."""
+        if self.replica is not None:
+            self.replica.wait()  # its pairs are closed below, once the new group's are open
+        self._agree_on_replicas(comm)
         flatten_into(self._params, self._flat)
         exact.broadcast(comm, self._flat, 0, deadline=self.deadline)
         if records is not None:
@@ -271,6 +279,17 @@ class LossTolerantOptimizer:
         self.restarted_elements = sum(p.stop - p.start for p in pieces if p.state is None) if records else 0
         self.copied_elements = sum(p.stop - p.start for p in pieces if p.copied)
         self._attach_repairs(comm)
+
+    def _agree_on_replicas(self, comm):
+        """Every rank of `comm` must copy its state every as many steps (the pairs' calls must
+        match): the same ValueError on every rank otherwise, from the largest and smallest
+        value agreed."""
+        every = self.replicate_every or 0
+        largest = comm.agree(every, deadline=self.deadline)
+        smallest = REPLICATE_EVERY_LIMIT - comm.agree(REPLICATE_EVERY_LIMIT - every, deadline=self.deadline)
+        if largest != smallest:
+            raise ValueError(f"replicate_every differs across the group's ranks (from {smallest or None} to "
+                             f"{largest or None}): every rank must pass the same")
 
     def _shard_optimizer(self, pieces, settings, start):
         """The wrapped optimizer's class over this rank's shard (from `start`): one parameter
