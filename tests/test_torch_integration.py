@@ -491,15 +491,17 @@ def _replica_on_stand_in_pairs(exchange):
 def test_a_replicas_copy_and_counts_wait_for_the_refresh_in_flight():
     """refresh returns while its exchange runs; held and failures wait for it, and the next
     refresh starts only after it ended (one exchange at a time on each pair)."""
-    release, started = threading.Event(), []
+    release, begun, started = threading.Event(), threading.Event(), []
 
     def exchange(payload, sizes):
         started.append(int(sizes[0]))
+        begun.set()
         release.wait(60)
         replica._held = ["landed", len(started)]
 
     replica = _replica_on_stand_in_pairs(exchange)
     assert replica.refresh([(0, 1, 0, {"m": torch.ones(1)})]) and replica.refreshes == 1
+    assert begun.wait(60)
     seen = []
     readers = [threading.Thread(target=lambda: seen.append(replica.held)),
                threading.Thread(target=lambda: seen.append(replica.failures)),
@@ -513,6 +515,7 @@ def test_a_replicas_copy_and_counts_wait_for_the_refresh_in_flight():
     for reader in readers:
         reader.join(60)
     assert ["landed", 1] in seen or ["landed", 2] in seen
+    replica.wait()  # the second exchange, which the third reader started
     assert len(started) == 2 and replica.held == ["landed", 2] and replica.refreshes == 2
 
 
