@@ -444,7 +444,7 @@ def test_a_replica_payload_brings_back_every_state_value_bit_for_bit():
     empty and non-contiguous tensors, odd byte lengths (alignment of the next tensor) and values
     that are not tensors come back equal, dtype and shape included."""
     from ud_transport.torch import resharding
-    from ud_transport.torch.shard_replica import pack, unpack
+    from ud_transport.torch.shard_replica import owned, pack, unpack
 
     generator = torch.Generator().manual_seed(3)
     wide = torch.randn(5, 6, generator=generator, dtype=torch.float64)
@@ -459,7 +459,7 @@ def test_a_replica_payload_brings_back_every_state_value_bit_for_bit():
     assert payload.dtype == torch.uint8 and int(sizes.sum()) <= payload.numel() and payload.numel() % 16 == 0
     assert not payload[int(sizes.sum()):].any(), "padding is zeros"
     back = unpack(payload.clone(), int(sizes[0]), int(sizes[1]))  # as received: a buffer of its own
-    back = resharding.from_bytes(resharding.to_bytes(back))  # as a regroup's record carries the copy on
+    back = resharding.from_bytes(resharding.to_bytes(owned(back)))  # as a regroup's record carries the copy on
     assert [(a, b, g) for a, b, g, _ in back] == [(a, b, g) for a, b, g, _ in pieces]
     for (_, _, _, sent), (_, _, _, got) in zip(pieces, back):
         assert list(got) == list(sent)
@@ -497,7 +497,7 @@ def test_a_replicas_copy_and_counts_wait_for_the_refresh_in_flight():
         started.append(int(sizes[0]))
         begun.set()
         release.wait(60)
-        replica._held = ["landed", len(started)]
+        replica._held = [(0, 1, 0, {"landed": len(started)})]
 
     replica = _replica_on_stand_in_pairs(exchange)
     assert replica.refresh([(0, 1, 0, {"m": torch.ones(1)})]) and replica.refreshes == 1
@@ -514,9 +514,9 @@ def test_a_replicas_copy_and_counts_wait_for_the_refresh_in_flight():
     release.set()
     for reader in readers:
         reader.join(60)
-    assert ["landed", 1] in seen or ["landed", 2] in seen
+    assert [(0, 1, 0, {"landed": 1})] in seen or [(0, 1, 0, {"landed": 2})] in seen
     replica.wait()  # the second exchange, which the third reader started
-    assert len(started) == 2 and replica.held == ["landed", 2] and replica.refreshes == 2
+    assert len(started) == 2 and replica.held == [(0, 1, 0, {"landed": 2})] and replica.refreshes == 2
 
 
 def test_a_state_the_replica_cannot_copy_does_not_raise_and_keeps_the_pairs_in_step():

@@ -24,6 +24,7 @@ backward), or cut a step's parameter all-gather short after the owners stepped. 
 copied until the first refresh after the group was made."""
 import dataclasses
 import logging
+import math
 import threading
 
 import torch
@@ -134,10 +135,10 @@ class NeighbourReplica:
 
     @property
     def held(self):
-        """The previous rank's pieces at the last refresh that reached this rank, as ``unpack``
-        gives them, or None; waits for the refresh in flight."""
+        """The previous rank's pieces at the last refresh that reached this rank, their tensors
+        each of its own (``owned``), or None; waits for the refresh in flight."""
         self.wait()
-        return self._held
+        return None if self._held is None else owned(self._held)
 
     @property
     def failures(self):
@@ -226,21 +227,19 @@ def pack(pieces):
 
 def unpack(payload, tensor_bytes, layout_bytes):
     """What `pack` made, given its two sizes, as (start, stop, group, {name: value}), ...; its
-    tensors on the host, each of its own."""
+    tensors are views of `payload` (each refresh receives a payload of its own)."""
     layout = from_bytes(payload[tensor_bytes:tensor_bytes + layout_bytes].numpy().tobytes())
-    pieces = []
-    for start, stop, group, entries in layout:
-        state = {}
-        for name, offset, dtype, value in entries:
-            if offset is None:
-                state[name] = value
-                continue
-            count = 1
-            for extent in value:
-                count *= extent
-            size = count * dtype.itemsize
-            # a tensor of its own: a view would carry the whole payload's storage into
-            # torch.save (the regroup's record), and its dtype view does not survive it
-            state[name] = payload[offset:offset + size].view(dtype).view(value).clone()
-        pieces.append((start, stop, group, state))
-    return pieces
+    return [(start, stop, group,
+             {name: value if offset is None else
+              payload[offset:offset + math.prod(value) * dtype.itemsize].view(dtype).view(value)
+              for name, offset, dtype, value in entries})
+            for start, stop, group, entries in layout]
+
+
+def owned(pieces):
+    """`unpack`'s pieces with each tensor copied out of the payload: a view would carry the whole
+    payload into torch.save (the regroup's record), and its dtype view does not survive that.
+    Done when the copy is read, not at every refresh."""
+    return [(start, stop, group, {name: value.clone() if torch.is_tensor(value) else value
+                                  for name, value in state.items()})
+            for start, stop, group, state in pieces]
