@@ -50,3 +50,21 @@ def collectives_of_calls(comm, count, calls):
         right = bool(torch.equal(tensor, torch.arange(count, dtype=torch.int32) * (n * (n + 1) // 2)))
         out.append(([s.collective for s in stats], right))
     return out
+
+
+def backoff_across_a_refusal(comm, count):
+    """Under the cluster's loss (the engine's one-call int32 sum fails, so the next such call skips
+    it): an int32 sum, then one refused on rank 0 alone (its op), then another int32 sum. What
+    each ended in on this rank, and whether the last one's result is the sum."""
+    from ud_transport import LayoutMismatch
+
+    outcomes = []
+    for index, op in enumerate(("sum", "bxor" if comm.rank == 0 else "sum", "sum")):
+        tensor = torch.full((count,), comm.rank + 1 + index, dtype=torch.int32)
+        try:
+            exact.allreduce(comm, tensor, op)
+            outcomes.append("ok" if bool((tensor == sum(r + 1 + index for r in range(comm.world_size))).all())
+                            else "wrong")
+        except (ValueError, LayoutMismatch) as error:
+            outcomes.append(type(error).__name__)
+    return outcomes

@@ -95,3 +95,15 @@ def _refuse_form(comm):
             refused.append(True)
     return "ValueError" if all(refused) else f"not refused: {refused}", bool(
         torch.equal(tensor, torch.arange(4, dtype=torch.float32)))
+
+
+def test_ranks_take_the_same_form_after_a_call_one_of_them_refused():
+    """The backoff that skips the engine's one-call int32 sum after it failed is kept on each rank.
+    A call refused on one rank (before it looked at the backoff) and met by the others (which
+    looked, and used up a skip) left the ranks' backoffs apart: the next, valid call took the
+    engine's form on some ranks and an exact form on the others, and ended in LayoutMismatch.
+    The LayoutMismatch every rank counts now resets it everywhere."""
+    world = 3
+    with LocalCluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=3)) as cluster:
+        per_rank = cluster.run(exact_allreduce_tasks.backoff_across_a_refusal, 2000, timeout_s=120)
+    assert per_rank == [["ok", "ValueError", "ok"]] + [["ok", "LayoutMismatch", "ok"]] * (world - 1), per_rank

@@ -130,6 +130,10 @@ class Communicator:
     ranks_on_this_machine : int
         Ranks of this communicator on this rank's machine (its own included; more where
         torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
+    layout_mismatches : int
+        Calls that ended in LayoutMismatch. Every rank of such a call raises it, so the count is
+        the same on every rank: state kept per rank across calls (``ud_transport.exact``'s
+        backoff) is reset by it where ranks whose calls differed may have updated it differently.
 
     Raises
     ------
@@ -166,6 +170,7 @@ class Communicator:
         self._close_after_call = False  # close() came from a signal's handler inside that call
         self.family = name or f"comm{next(_creation_counter)}"  # kept by the groups shrink() and grow() make
         self._grows_tried = 0  # grows tried on this group, the same count on every rank: names each grow's keys
+        self.layout_mismatches = 0
         prefix = f"ud_transport/{self.family}"
         timeout = options.store_timeout_s
         bind = options.bind_address or rendezvous.local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
@@ -845,6 +850,7 @@ class Communicator:
         if status == _native.STATUS_PEER_TIMEOUT:
             raise PeerTimeout(f"rank {self.rank}: {message}", stats.silent_rank, stats)
         if status == _native.STATUS_LAYOUT_MISMATCH:
+            self.layout_mismatches += 1
             raise LayoutMismatch(f"rank {self.rank}: {message}", stats.mismatched_rank, stats)
         if status == _native.STATUS_INVALID_ARGUMENT:
             raise ValueError(message)

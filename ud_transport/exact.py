@@ -742,19 +742,27 @@ class _EngineBackoff:
     """When an exact int32 sum tries the engine's one-call allreduce first. Each failed attempt
     (some contribution lost: the call is then repeated in an exact form) doubles the number of
     calls that skip it, up to 64; a success resets it. Every rank sees the same agreed outcomes
-    in the same order, so every rank skips the same calls."""
+    in the same order, so every rank skips the same calls. So does a LayoutMismatch since the
+    last look (``Communicator.layout_mismatches``, counted alike everywhere): ranks whose calls
+    differed may have looked differently (one refused its call before looking, another looked and
+    used up a skip), and without it they would take different forms for the same call after."""
     _of = weakref.WeakKeyDictionary()
     MOST_SKIPPED = 64
 
     def __init__(self):
         self.skip_next = 0     # calls still to skip
         self.skip_after = 0    # calls to skip after the next failure
+        self.mismatches_seen = 0
 
     @classmethod
     def of(cls, comm):
-        if comm not in cls._of:
-            cls._of[comm] = cls()
-        return cls._of[comm]
+        backoff = cls._of.get(comm)
+        if backoff is None:
+            backoff = cls._of[comm] = cls()
+        if backoff.mismatches_seen != comm.layout_mismatches:
+            backoff.skip_next = backoff.skip_after = 0
+            backoff.mismatches_seen = comm.layout_mismatches
+        return backoff
 
     def try_now(self):
         if self.skip_next:
