@@ -17,8 +17,9 @@ def test_receives_from_any_source_match_gloo(world):
     """Each message is received exactly once, by a receive that names its sender rightly; each
     sender's messages arrive in the order sent; a receive naming its source takes that source's
     next message although one from any source was posted first (Gloo's order); abort() ends a
-    receive from any source that nothing comes to. Before, every receive from any source raised
-    NotImplementedError."""
+    receive from any source that nothing comes to; messages sent before the receiver took any
+    receive from any source under their tag are found (the senders count them in the store only
+    once it asks). Before, every receive from any source raised NotImplementedError."""
     per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.any_source_receives, f"a{next(_tags)}")
     for rank, results in enumerate(per_rank):
         for name, pair in results.items():
@@ -35,6 +36,8 @@ def test_receives_from_any_source_match_gloo(world):
             assert results["concurrent: sources match the values"] == (True, True)
             assert results["concurrent: each sender's in order"][0] == {s: list(range(5)) for s in range(1, world)}
             assert results["mixed: the named receive's"][0].tolist() == [1.0, 0.0]
+            assert results["sent before asked: sources match the values"] == (True, True)
+            assert results["sent before asked: each sender's in order"][0] == {s: [0, 1] for s in range(1, world)}
             assert "interrupted" in results["abort"], results["abort"]
 
 

@@ -872,6 +872,24 @@ def any_source_receives(comm, tag):
                     dist.send(torch.tensor([1.0, 1.0]), 0, group=group, tag=4)
                 elif r == 2:
                     dist.send(torch.tensor([2.0, 0.0]), 0, group=group, tag=4)
+            # messages sent before the receiver took any receive from any source under their tag
+            # (on "ud" the senders have not counted them in the store yet: they do once it asks)
+            sends = [] if r == 0 else [dist.isend(torch.tensor([r, k]), 0, group=group, tag=5) for k in range(2)]
+            dist.barrier()
+            if r == 0:
+                landings = [torch.full((2,), -1, dtype=torch.int64) for _ in range(2 * (n - 1))]
+                sources = []
+                for landing in landings:
+                    work = dist.irecv(landing, group=group, tag=5)
+                    work.wait()
+                    sources.append(work._source_rank())
+                got["sent before asked: sources match the values"] = all(
+                    int(t[0]) == s for t, s in zip(landings, sources))
+                got["sent before asked: every message once"] = sorted(tuple(t.tolist()) for t in landings)
+                got["sent before asked: each sender's in order"] = {
+                    s: [int(t[1]) for t, source in zip(landings, sources) if source == s] for s in range(1, n)}
+            for work in sends:
+                work.wait()
             dist.barrier(group=group)
         # abort() ends a receive from any source that no message comes to
         aborted = dist.new_group(backend="ud")
