@@ -50,3 +50,45 @@ def test_torch_own_any_source_tests_pass_on_ud():
     names = ["test_send_recv_any_source", "test_send_recv_any_source_autograd_profiler",
              "test_send_recv_any_source_torch_profiler"]
     assert cluster.run(torch_tasks.torch_suite_any_source, f"s{next(_tags)}") == [names] * 3
+
+
+def test_sends_are_counted_in_the_store_only_toward_a_receiver_that_asked():
+    """The announcer (in-process, on a real torch HashStore) keeps sends to a receiver that never
+    took a receive from any source out of the store; once the receiver's key asks, it counts them
+    all at once, and later sends to that receiver as they come, under every tag."""
+    import time
+
+    import torch.distributed as dist
+
+    from ud_transport.torch import point_to_point
+
+    store = dist.HashStore()
+    sent = lambda sender, receiver, tag: f"sent/{sender}-{receiver}/{tag}"  # noqa: E731
+    announcer = point_to_point._Announcer(store, 0, sent, lambda receiver, tag: f"bell/{receiver}/{tag}",
+                                          lambda receiver: f"asked/{receiver}")
+
+    def count_of(receiver, tag):
+        return int(store.add(sent(0, receiver, tag), 0))
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, "the announcer did not count within 30 s"
+            time.sleep(0.01)
+
+    try:
+        for _ in range(3):
+            announcer.count(1, 7)
+        announcer.count(2, 7)
+        time.sleep(3 * point_to_point.ASK_POLL_S)  # the announcer looks, and nobody asked
+        assert not store.check([sent(0, 1, 7)]) and not store.check([sent(0, 2, 7)])
+        store.set("asked/1", "1")
+        wait_for(lambda: store.check([sent(0, 1, 7)]))
+        assert count_of(1, 7) == 3
+        announcer.count(1, 7)
+        announcer.count(1, 8)
+        wait_for(lambda: store.check([sent(0, 1, 8)]) and count_of(1, 7) == 4)
+        assert count_of(1, 8) == 1 and store.check(["bell/1/8"])
+        assert not store.check([sent(0, 2, 7)])  # rank 2 never asked
+    finally:
+        announcer.close()

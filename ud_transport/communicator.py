@@ -132,8 +132,10 @@ class Communicator:
         torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
     layout_mismatches : int
         Calls that ended in LayoutMismatch. Every rank of such a call raises it, so the count is
-        the same on every rank: state kept per rank across calls (``ud_transport.exact``'s
-        backoff) is reset by it where ranks whose calls differed may have updated it differently.
+        the same on every rank (unless a rank could not learn the call's outcome and raised
+        PeerTimeout at its deadline: see the README's limits): state kept per rank across calls
+        (``ud_transport.exact``'s backoff) is reset by it where ranks whose calls differed may
+        have updated it differently.
 
     Raises
     ------
@@ -850,7 +852,8 @@ class Communicator:
         if status == _native.STATUS_PEER_TIMEOUT:
             raise PeerTimeout(f"rank {self.rank}: {message}", stats.silent_rank, stats)
         if status == _native.STATUS_LAYOUT_MISMATCH:
-            self.layout_mismatches += 1
+            with self._lock:
+                self.layout_mismatches += 1
             raise LayoutMismatch(f"rank {self.rank}: {message}", stats.mismatched_rank, stats)
         if status == _native.STATUS_INVALID_ARGUMENT:
             raise ValueError(message)

@@ -17,18 +17,20 @@ channel, and a channel's message moves only when both ends call it. So sends
 are counted in the store, off the sender's path (a thread of the group's): a
 counter per (sender, receiver, tag) of the messages sent, and a doorbell per
 (receiver, tag) set after each count. Only toward a receiver that asked: its
-first receive from any source under a tag sets a key that says so, which each
-sender looks for every ASK_POLL_S while it has sends there it has not counted,
-and then counts them all at once. Messages to receives that name their sender
-(a pipeline's) cost the store nothing: two store operations a message were
-0.2-0.4 ms of a 2 ms message on 2 cores. A receive claims its
+first receive from any source sets a key that says so, which each sender looks
+for every ASK_POLL_S while it has sends to that receiver it has not counted,
+and then counts them all at once. Messages to a receiver that only names its
+senders (a pipeline's) cost the store one look per ASK_POLL_S per sender, not
+two store operations each, which were 0.2-0.4 ms of a 2 ms message on 2
+cores. A receive claims its
 sender's next message when it is posted (a receive that names its source at
 once, as Gloo's does); one from any source, when the counts show a sender with
 a message no receive has claimed (looked up again each time the doorbell
 rings, taken round-robin so that no sender is starved). The claim order is the
 order the receives are queued on each channel, so every message is received
 exactly once and every channel stays in step with its sender. The store holds
-a fixed number of keys (two per channel and tag), however many messages pass.
+a fixed number of keys (two per channel and tag, one per receiver), however
+many messages pass.
 """
 import collections
 import datetime
@@ -157,7 +159,6 @@ class _Inbox:
         self.interrupted = False
         self.doorbell_deletable = True  # a store without delete_key is polled instead
         self.next_sender = 0  # where the next look starts: senders are taken round-robin
-        self.asked = False  # the key that asks senders to count their sends here is set
         self._worker = SerialWorker(f"ud-p2p-any-{tag}")
 
     def submit(self, run):
@@ -170,18 +171,19 @@ class _Inbox:
 
 class _Announcer:
     """Counts this rank's sends in the store (see the module's docstring), on a thread of its own
-    so that no message waits for the store. Sends to a (receiver, tag) that asked for counts are
-    counted as they come (what piled up while the thread was in the store goes in one addition);
-    the others are kept here, and counted all at once when the thread, looking every
-    ASK_POLL_S, finds that the receiver asked. Cheaper than a SerialWorker: no Work per message."""
+    so that no message waits for the store. Sends to a receiver that asked for counts are counted
+    as they come (what piled up while the thread was in the store goes in one addition per
+    (receiver, tag)); the others are kept here, and counted all at once when the thread, looking
+    every ASK_POLL_S, finds that their receiver asked. Cheaper than a SerialWorker: no Work per
+    message."""
 
     def __init__(self, store, rank, sent_key, doorbell_key, asked_key):
         self._store = own_connection(store)
         self._rank = rank
         self._sent_key, self._doorbell_key, self._asked_key = sent_key, doorbell_key, asked_key
-        self._asked = set()  # (receiver, tag) whose receiver asked for counts
-        self._pending = collections.Counter()  # (receiver, tag) that asked -> sends not yet counted
-        self._unasked = collections.Counter()  # (receiver, tag) not known to have asked -> sends so far
+        self._asked = set()  # receivers that asked for counts
+        self._pending = collections.Counter()  # (receiver, tag), its receiver asked -> sends not yet counted
+        self._unasked = collections.Counter()  # (receiver, tag), not known to have asked -> sends so far
         self._condition = threading.Condition()
         self._closing = self._dropping = False
         self._thread = threading.Thread(target=self._loop, name="ud-p2p-announce", daemon=True)
@@ -189,7 +191,7 @@ class _Announcer:
 
     def count(self, destination, tag):
         with self._condition:
-            if (destination, tag) in self._asked:
+            if destination in self._asked:
                 self._pending[(destination, tag)] += 1
                 self._condition.notify()
             else:  # looked at on the thread's next poll (the first such send starts its polls)
@@ -209,28 +211,34 @@ class _Announcer:
                 if self._dropping or (self._closing and not self._pending):
                     return  # sends nobody asked for need no count: their channels have ended
                 batch, self._pending = self._pending, collections.Counter()
-                looks = list(self._unasked) if self._unasked and time.monotonic() >= next_look else []
-            if looks:
+                receivers = {destination for destination, _ in self._unasked} \
+                    if self._unasked and time.monotonic() >= next_look else set()
+            self._publish(batch)
+            if receivers:
                 next_look = time.monotonic() + ASK_POLL_S
-                for destination, tag in looks:
-                    if self._receiver_asked(destination, tag):
-                        with self._condition:  # every send so far is in this count: later ones go to _pending
-                            self._asked.add((destination, tag))
-                            batch[(destination, tag)] += self._unasked.pop((destination, tag))
-            for (destination, tag), count in batch.items():
-                try:  # the count first, then the doorbell: a receive that wakes on it reads the count
-                    self._store.add(self._sent_key(self._rank, destination, tag), count)
-                    self._store.set(self._doorbell_key(destination, tag), "1")
-                except Exception as error:  # the message itself is unaffected; a receive naming its sender gets it
-                    log.warning("rank %d: could not count a message to rank %d (tag %d) in the store: %s; a "
-                                "receive from any source there will not see it", self._rank, destination, tag, error)
+                lump = collections.Counter()
+                for receiver in sorted(receivers):
+                    if self._receiver_asked(receiver):
+                        with self._condition:  # every send so far is in the lump: later ones go to _pending
+                            self._asked.add(receiver)
+                            for key in [key for key in self._unasked if key[0] == receiver]:
+                                lump[key] = self._unasked.pop(key)
+                self._publish(lump)
 
-    def _receiver_asked(self, destination, tag):
+    def _publish(self, counts):
+        for (destination, tag), count in counts.items():
+            try:  # the count first, then the doorbell: a receive that wakes on it reads the count
+                self._store.add(self._sent_key(self._rank, destination, tag), count)
+                self._store.set(self._doorbell_key(destination, tag), "1")
+            except Exception as error:  # the message itself is unaffected; a receive naming its sender gets it
+                log.warning("rank %d: could not count a message to rank %d (tag %d) in the store: %s; a "
+                            "receive from any source there will not see it", self._rank, destination, tag, error)
+
+    def _receiver_asked(self, receiver):
         try:
-            return self._store.check([self._asked_key(destination, tag)])
+            return self._store.check([self._asked_key(receiver)])
         except Exception as error:  # looked at again on the next poll
-            log.debug("rank %d: could not look whether rank %d asked for counts (tag %d): %s", self._rank,
-                      destination, tag, error)
+            log.debug("rank %d: could not look whether rank %d asked for counts: %s", self._rank, receiver, error)
             return False
 
     def close(self, drop=False):
@@ -277,6 +285,7 @@ class Channels:
         self._claimed = collections.Counter()  # (sender, tag) -> this rank's receives of its messages so far
         self._inboxes = {}  # tag -> _Inbox
         self._announcer = None  # counts this rank's sends in the store (opened by the first)
+        self._asked_for_counts = False  # this rank's key that asks senders to count is set
         self.calls = 0  # the broadcasts the messages took (more than one where one was repaired or repeated)
         self.injected_drops = 0  # what Options.inject dropped of them, on this rank
 
@@ -330,8 +339,8 @@ class Channels:
     def _doorbell_key(self, receiver, tag):
         return f"p2p/{self._incarnation:x}/doorbell/{receiver}/{tag}"
 
-    def _asked_key(self, receiver, tag):
-        return f"p2p/{self._incarnation:x}/asked/{receiver}/{tag}"
+    def _asked_key(self, receiver):
+        return f"p2p/{self._incarnation:x}/asked/{receiver}"
 
     def _take_any(self, inbox, tensor, tag, senders, work, staged):
         """Wait until some sender has a message under `tag` that no receive has claimed, claim it
@@ -339,9 +348,9 @@ class Channels:
         store, doorbell = inbox.store, self._doorbell_key(self._rank, tag)
         timeout_s = self._options.join_timeout_s
         deadline = time.monotonic() + timeout_s
-        if not inbox.asked:  # senders count their sends here from now on (within ASK_POLL_S)
-            store.set(self._asked_key(self._rank, tag), "1")
-            inbox.asked = True
+        if not self._asked_for_counts:  # senders count their sends here from now on (within ASK_POLL_S)
+            store.set(self._asked_key(self._rank), "1")
+            self._asked_for_counts = True
         while True:
             if inbox.interrupted:
                 raise TransportError(f"rank {self._rank}: a receive from any source (tag {tag}) was interrupted "
