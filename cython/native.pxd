@@ -230,6 +230,7 @@ cdef extern from "engine.h" nogil:
         uint32_t direct_output
         uint32_t layout_salt
         uint32_t write_on_budget_miss
+        uint32_t reduce_in_rank_order
 
     int udt_budget_missed(double reduce_fraction, double gather_fraction, double loss_budget)
 

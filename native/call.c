@@ -54,6 +54,8 @@ static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chun
             hash = (hash ^ ((a->layout_salt >> (8 * i)) & 0xffu)) * 16777619u;
     if (a->write_on_budget_miss) /* ranks that judge a miss differently would return different statuses */
         hash = (hash ^ 0x5du) * 16777619u;
+    if (a->reduce_in_rank_order) /* an owner summing as chunks arrive would send other bits */
+        hash = (hash ^ 0x6bu) * 16777619u;
     return hash;
 }
 
@@ -96,7 +98,10 @@ static int prepare(struct udt_comm *comm, struct call *c)
     size_t state_bytes = (size_t)total_chunks * (2 * sizeof(uint16_t) + 1);
     if (grow((void **)&comm->scratch, &comm->scratch_bytes, (size_t)a->count * c->geometry.accum_bytes) ||
         grow((void **)&comm->chunk_state, &comm->chunk_state_bytes, state_bytes) ||
-        grow((void **)&comm->step_memory, &comm->step_memory_bytes, step_bytes))
+        grow((void **)&comm->step_memory, &comm->step_memory_bytes, step_bytes) ||
+        (a->reduce_in_rank_order &&
+         grow((void **)&comm->rank_rows, &comm->rank_rows_bytes,
+              (size_t)n * ((a->count + n - 1) / n) * c->geometry.wire_bytes))) /* the largest block (they rotate) */
         return fail(comm, UDT_ERR_NO_MEMORY, "out of memory for the call's buffers");
     c->step = (struct udt_step *)comm->step_memory;
     c->state = (struct step_state *)(c->step + steps);
@@ -131,6 +136,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
     c->output.accum = c->output.in_place || c->output.direct_output ? (uint8_t *)a->output : comm->scratch;
     c->output.final_uncached = (c->output.in_place || c->output.direct_output) && a->count * c->geometry.wire_bytes >= comm->options.in_place_min_bytes;
     c->output.saved = comm->scratch;
+    c->output.rank_rows = a->reduce_in_rank_order ? comm->rank_rows : NULL;
     c->chunks.rs_count = (uint16_t *)comm->chunk_state;
     c->chunks.final_count = c->chunks.rs_count + total_chunks;
     c->chunks.chunk_flags = (uint8_t *)(c->chunks.final_count + total_chunks);
@@ -209,6 +215,14 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
     uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, comm->world_size);
     if ((uint64_t)(steps + 1) * (max_chunks + 1) + (uint64_t)comm->options.window_bytes >= 0xF0000000ull || steps > 0xFFFF)
         return "count: too many chunks for one call (raise chunk_bytes)";
+    if (a->reduce_in_rank_order) {
+        if (facts->output != UDT_OUTPUT_REDUCED || a->algorithm != UDT_ALGORITHM_DIRECT)
+            return "reduce_in_rank_order: an allreduce on the direct algorithm only";
+        if (a->dtype != UDT_FLOAT32 && a->dtype != UDT_FLOAT64)
+            return "reduce_in_rank_order: float32 or float64 only";
+        if (a->loss_budget != 0.0 || a->write_on_budget_miss)
+            return "reduce_in_rank_order: a loss budget of 0, without write_on_budget_miss (a partial sum has no rank order)";
+    }
     if (a->chunk_mask) {
         uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
                                              comm->options.chunk_bytes);

@@ -94,6 +94,7 @@ void udt_comm_destroy(struct udt_comm *comm)
         return;
     udt_transport_destroy(comm->transport);
     free(comm->scratch);
+    free(comm->rank_rows);
     free(comm->chunk_state);
     free(comm->step_memory);
     free(comm->geometry);

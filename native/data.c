@@ -368,8 +368,14 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     uint64_t id = c->geometry.chunk_base[block] + h->chunk_index;
     uint64_t first = chunk_first_element(c, block, h->chunk_index), elements = chunk_length(c, block, h->chunk_index);
     uint8_t *target = c->output.accum + first * c->geometry.accum_bytes;
-    udt_save_original(c, block, h->chunk_index);
-    if (step->recv_mode == UDT_RECV_OVERWRITE) {
+    if (c->output.rank_rows && step->recv_mode == UDT_RECV_REDUCE) {
+        /* kept apart in the sender's row, summed in rank order once all are in (output.c) */
+        uint64_t row_elements = (c->args.count + c->n - 1) / c->n;
+        memcpy(c->output.rank_rows + ((uint64_t)peer * row_elements + first - c->geometry.block_first[block]) * c->geometry.wire_bytes,
+               payload, elements * c->geometry.wire_bytes);
+        c->chunks.rs_count[id] = (uint16_t)(c->chunks.rs_count[id] + h->contributions);
+    } else if (step->recv_mode == UDT_RECV_OVERWRITE) {
+        udt_save_original(c, block, h->chunk_index);
         uint64_t bytes = elements * c->geometry.wire_bytes;
         if (c->output.final_uncached && !s->relayed && bytes >= UNCACHED_MIN_BYTES)
             udt_copy_uncached(target, payload, bytes); /* final: next read by the caller, after the call */
@@ -377,13 +383,15 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
             udt_unpack(c->args.dtype, target, payload, elements);
         c->chunks.final_count[id] = h->contributions;
     } else {
+        udt_save_original(c, block, h->chunk_index);
         if ((c->chunks.chunk_flags[id] & SCRATCH_VALID) || c->output.in_place) /* in place an unchanged chunk is our input */
             udt_add(c->args.dtype, target, payload, elements);
         else
             udt_add_into(c->args.dtype, target, input_at(c, first), payload, elements);
         c->chunks.rs_count[id] = (uint16_t)(c->chunks.rs_count[id] + h->contributions);
     }
-    c->chunks.chunk_flags[id] |= SCRATCH_VALID;
+    if (!c->output.rank_rows || step->recv_mode != UDT_RECV_REDUCE)
+        c->chunks.chunk_flags[id] |= SCRATCH_VALID;
     c->chunks.arrival_bits[(size_t)h->step * c->geometry.bitmap_bytes + h->chunk_index / 8] |= (uint8_t)(1u << (h->chunk_index % 8));
     s->received++;
     s->last_arrival_ns = now;

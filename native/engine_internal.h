@@ -191,6 +191,7 @@ struct call_output {
     uint8_t *saved;              /* in place: the originals (the scratch) */
     uint8_t final_uncached;      /* the output is the caller's and too large for the cache: final values
                                   * no later step sends go there with stores that bypass it */
+    uint8_t *rank_rows;          /* reduce_in_rank_order: world_size rows of our block, row p rank p's contribution */
 };
 
 /* One call; call.c's start zeroes it whole, so every room's state begins at zero. */
@@ -243,6 +244,8 @@ struct udt_comm {
     size_t step_memory_bytes;
     uint64_t *geometry;      /* chunk_base and block_first */
     uint32_t *block_scratch; /* for the schedule builder */
+    uint8_t *rank_rows;      /* the contributions a reduction in rank order keeps apart */
+    size_t rank_rows_bytes;
     uint8_t *staging;
     uint8_t headers[SEND_BATCH + 8][UDT_WIRE_HEADER_BYTES];
     struct call call;

@@ -36,8 +36,42 @@ void udt_save_original(struct call *c, uint32_t block, uint32_t chunk)
         memcpy(to, from, bytes);
 }
 
+/* Elements summed at once in rank order: their partial sums stay in registers and cache. */
+#define RANK_ORDER_RUN 256
+
+/* reduce_in_rank_order: each element of a chunk becomes rank 0's contribution plus rank 1's and
+ * so on, in double precision, divided by N for a mean, rounded once to the caller's type: what
+ * ud_transport.exact's _reduce_rows computes, bit for bit. Every row is read before a run of the
+ * result is written, so in place our own row (the tensor) may be the target. */
+static void reduce_in_rank_order(struct call *c, uint32_t block, uint64_t first, uint64_t elements, uint8_t *value)
+{
+    uint64_t row_elements = (c->args.count + c->n - 1) / c->n, offset = first - c->geometry.block_first[block];
+    size_t wire = c->geometry.wire_bytes;
+    int single = c->args.dtype == UDT_FLOAT32;
+    double sums[RANK_ORDER_RUN];
+    for (uint64_t done = 0; done < elements; done += RANK_ORDER_RUN) {
+        uint64_t run = elements - done < RANK_ORDER_RUN ? elements - done : RANK_ORDER_RUN;
+        for (uint32_t p = 0; p < c->n; p++) {
+            const uint8_t *row = p == c->rank ? input_at(c, first + done)
+                                              : c->output.rank_rows + ((uint64_t)p * row_elements + offset + done) * wire;
+            for (uint64_t i = 0; i < run; i++) { /* -O3 takes the branches out of the loop */
+                double x = single ? ((const float *)row)[i] : ((const double *)row)[i];
+                sums[i] = p == 0 ? x : sums[i] + x;
+            }
+        }
+        if (c->args.op == UDT_OP_MEAN)
+            for (uint64_t i = 0; i < run; i++)
+                sums[i] /= c->n;
+        if (single)
+            for (uint64_t i = 0; i < run; i++)
+                ((float *)value)[done + i] = (float)sums[i];
+        else
+            memcpy(value + done * wire, sums, run * wire);
+    }
+}
+
 /* The owner's block is complete: rescale each chunk by N / contributions so
- * its expectation is the full sum. */
+ * its expectation is the full sum (or, in rank order, reduce its rows). */
 void udt_finalize_owned_block(struct call *c)
 {
     if (!c->schedule.facts->reduces)
@@ -49,6 +83,16 @@ void udt_finalize_owned_block(struct call *c)
         uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
         uint8_t *value = c->output.accum + first * c->geometry.accum_bytes;
         udt_save_original(c, block, chunk);
+        if (c->output.rank_rows) {
+            /* a chunk some contribution missed fails the call (its budget is 0): it keeps our input */
+            if (c->chunks.rs_count[id] == c->n)
+                reduce_in_rank_order(c, block, first, elements, value);
+            else if (!c->output.in_place)
+                udt_load(c->args.dtype, value, input_at(c, first), elements);
+            c->chunks.chunk_flags[id] |= SCRATCH_VALID;
+            c->chunks.final_count[id] = c->chunks.rs_count[id];
+            continue;
+        }
         if (!(c->chunks.chunk_flags[id] & SCRATCH_VALID)) {
             if (!c->output.in_place) /* in place the tensor holds our input already */
                 udt_load(c->args.dtype, value, input_at(c, first), elements);
@@ -104,7 +148,7 @@ uint64_t udt_reduce_weighted(const struct call *c)
  * own reduce-scatter partial, rescaled (unbiased) or zero (baseline). */
 static double allreduce_factor(const struct call *c, uint64_t id, uint16_t *contributions)
 {
-    double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
+    double mean = c->args.op == UDT_OP_MEAN && !c->output.rank_rows ? 1.0 / c->n : 1.0; /* in rank order: divided already */
     if (c->chunks.final_count[id]) {
         *contributions = c->chunks.final_count[id];
         return mean;

@@ -4,7 +4,8 @@ shift of messages on a "ud" group (every rank isends its tensor to the next and 
 previous one's: send and recv, as a pipeline moves activations) and all_to_all_single on a
 "ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
 tokens), the exact int32 allreduce (ud_transport.exact.allreduce: "auto", each of its forms
-forced, and through a "ud" group), gather and scatter to and from rank 0 on a "ud" group (one
+forced, and through a "ud" group), the exact float32 allreduce ("auto": the engine's one call,
+reduced in rank order; and its sharded form), gather and scatter to and from rank 0 on a "ud" group (one
 piece per rank of the tensor) and a barrier on a "ud" group against Gloo's, on the same ranks in
 the same run, optionally under real packet loss.
 
@@ -76,6 +77,7 @@ def timed(comm, config):
     listed = [torch.empty(count // n, dtype=torch.float32) for _ in range(n)] if comm.rank == 0 else None
     handed = [torch.full((count // n,), float(q)) for q in range(n)] if comm.rank == 0 else None
     integers = torch.empty(count, dtype=torch.int32)  # the exact allreduce's tensor: every rank's r + 1
+    floats = torch.empty(count, dtype=torch.float32)  # the same as float32 (sums of small integers are exact)
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
     def shift(backend):
@@ -102,6 +104,11 @@ def timed(comm, config):
         # the same through a "ud" group (c10d, its worker thread): what a training loop calls
         "ud allreduce group": lambda: (dist.all_reduce(integers, group=groups["ud"]), None)[1],
         "gloo allreduce": lambda: (dist.all_reduce(integers), 1)[1],
+        # float32 SUM made exact (what a "ud" group with lossy=() runs): "auto" is the engine's one call,
+        # reduced in rank order; "sharded" is the exact form it falls back to
+        "ud allreduce_float": lambda: len(exact.allreduce(comm, floats, "sum")),
+        "ud allreduce_float sharded": lambda: len(exact.allreduce(comm, floats, "sum", form="sharded")),
+        "gloo allreduce_float": lambda: (dist.all_reduce(floats), 1)[1],
         "ud gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["ud"]), None)[1],
         "gloo gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["gloo"]), 1)[1],
         "ud scatter": lambda: (dist.scatter(own, handed, src=0, group=groups["ud"]), None)[1],
@@ -120,6 +127,7 @@ def timed(comm, config):
             inbox.fill_(-1)
             routed.fill_(-1)
             integers.fill_(comm.rank + 1)
+            floats.fill_(comm.rank + 1)
             own.fill_(-1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             received = received_bytes()
@@ -139,6 +147,8 @@ def timed(comm, config):
                     "a gather ended with other pieces than its senders'"
             elif name.endswith("scatter"):
                 assert torch.all(own == comm.rank), "a scatter ended with another piece than the root's for this rank"
+            elif "allreduce_float" in name:
+                assert torch.all(floats == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif "allreduce" in name:
                 assert torch.all(integers == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif name.endswith("send/recv"):
@@ -166,12 +176,13 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all, allreduce, gather, scatter, barrier; "
+                                                   "send/recv, all_to_all, allreduce, allreduce_float, gather, "
+                                                   "scatter, barrier; "
                                                    "default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "gather", "scatter",
-                           "barrier"}
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "allreduce_float", "gather",
+                           "scatter", "barrier"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:

@@ -21,7 +21,8 @@ def both_forms(comm, count, dtype, op):
     """The exact allreduce of the same inputs, sharded and gathered: (sharded bytes, gathered bytes),
     each rank's result as raw bytes (so NaN-free floats compare bit for bit)."""
     out = {}
-    for form in ("sharded", "gathered") + (("engine",) if (dtype, op) == ("int32", "sum") else ()):
+    engine = (dtype, op) == ("int32", "sum") or dtype in ("float32", "float64") and op in ("sum", "mean")
+    for form in ("sharded", "gathered") + (("engine",) if engine else ()):
         tensor = inputs(comm.rank, count, dtype)
         exact.allreduce(comm, tensor, op, deadline=20.0, form=form)
         out[form] = tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
@@ -68,3 +69,55 @@ def backoff_across_a_refusal(comm, count):
         except (ValueError, LayoutMismatch) as error:
             outcomes.append(type(error).__name__)
     return outcomes
+
+
+def in_rank_order(rank, world_size, count, dtype, op):
+    """What an allreduce in rank order must give: rank 0's input plus rank 1's ... in float64,
+    divided by world_size for a mean, rounded once (numpy, apart from the library's own code)."""
+    total = inputs(0, count, dtype).double().numpy().copy()
+    for r in range(1, world_size):
+        total += inputs(r, count, dtype).double().numpy()
+    if op == "mean":
+        total /= world_size
+    return total.astype(dtype).tobytes()
+
+
+def engine_in_rank_order(comm, count, dtype, op):
+    """One engine allreduce with reduce_in_rank_order: (this rank's result as bytes, in place?)."""
+    tensor = inputs(comm.rank, count, dtype)
+    stats = comm.allreduce(tensor, op=op, loss_budget=0.0, algorithm="direct", reduce_in_rank_order=True, deadline=20.0)
+    return tensor.numpy().tobytes(), stats.in_place
+
+
+def engine_as_it_arrives(comm, count, dtype, op):
+    """The same engine allreduce without reduce_in_rank_order (each owner adds contributions in
+    its own type as they arrive): this rank's result as bytes."""
+    tensor = inputs(comm.rank, count, dtype)
+    comm.allreduce(tensor, op=op, loss_budget=0.0, algorithm="direct", deadline=20.0)
+    return tensor.numpy().tobytes()
+
+
+def exact_auto(comm, count, dtype, op):
+    """exact.allreduce in its "auto" form: (this rank's result as bytes, the engine collectives it ran)."""
+    tensor = inputs(comm.rank, count, dtype)
+    stats = exact.allreduce(comm, tensor, op, deadline=20.0)
+    return tensor.numpy().tobytes(), [s.collective for s in stats]
+
+
+def refused_in_rank_order(comm):
+    """reduce_in_rank_order with what it cannot take: for each, the error's type and whether the
+    tensor kept its values."""
+    out = []
+    for dtype, keywords in ((torch.float32, {"algorithm": "ring", "loss_budget": 0.0}),
+                            (torch.float16, {"algorithm": "direct", "loss_budget": 0.0}),
+                            (torch.int32, {"algorithm": "direct", "loss_budget": 0.0}),
+                            (torch.float32, {"algorithm": "direct", "loss_budget": 0.1}),
+                            (torch.float32, {"algorithm": "direct", "loss_budget": 0.0, "on_miss": "return"})):
+        tensor = torch.arange(8).to(dtype)
+        try:
+            comm.allreduce(tensor, reduce_in_rank_order=True, **keywords)
+            error = None
+        except Exception as raised:  # noqa: BLE001 - the type is the answer
+            error = type(raised).__name__
+        out.append((error, bool(torch.equal(tensor, torch.arange(8).to(dtype)))))
+    return out

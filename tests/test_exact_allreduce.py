@@ -87,9 +87,11 @@ def _refuse_form(comm):
 
     tensor = torch.arange(4, dtype=torch.float32)
     refused = []
-    for form, op in (("ring", "sum"), ("engine", "sum"), ("engine", "max")):  # engine: int32 sums only
+    # engine: int32 sums, float32 and float64 sums and means only
+    for form, op, given in (("ring", "sum", tensor), ("engine", "sum", tensor.half()), ("engine", "max", tensor.int()),
+                            ("engine", "max", tensor), ("engine", "mean", tensor.int())):
         try:
-            exact.allreduce(comm, tensor if op == "sum" else tensor.int(), op, form=form)
+            exact.allreduce(comm, given, op, form=form)
             refused.append(False)
         except ValueError:
             refused.append(True)
@@ -107,3 +109,44 @@ def test_ranks_take_the_same_form_after_a_call_one_of_them_refused():
     with LocalCluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.3, seed=3)) as cluster:
         per_rank = cluster.run(exact_allreduce_tasks.backoff_across_a_refusal, 2000, timeout_s=120)
     assert per_rank == [["ok", "ValueError", "ok"]] + [["ok", "LayoutMismatch", "ok"]] * (world - 1), per_rank
+
+
+IN_RANK_ORDER_CASES = [(0, "float32", "sum"), (1, "float32", "sum"), (3, "float64", "mean"), (1009, "float32", "mean"),
+                       (100003, "float32", "sum"), (5000, "float64", "sum"), (777, "float64", "mean")]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_an_allreduce_in_rank_order_gives_the_bits_of_the_exact_forms(world):
+    """With reduce_in_rank_order every owner sums its block's contributions in rank order in
+    float64 (a mean divided before it rounds once): the bits of numpy's rank-order sum, on every
+    rank, whether the engine sums in the caller's tensor (in place, large calls) or in its
+    scratch; so exact.allreduce's "auto" form of a float sum or mean is that one engine call,
+    with the bits its own exact forms give."""
+    in_place_seen = set()
+    with LocalCluster(world, chunk_bytes=256, in_place_min_bytes=4096) as cluster:
+        for count, dtype, op in IN_RANK_ORDER_CASES:
+            want = exact_allreduce_tasks.in_rank_order(0, world, count, dtype, op)
+            results = cluster.run(exact_allreduce_tasks.engine_in_rank_order, count, dtype, op, timeout_s=60)
+            assert [result for result, _ in results] == [want] * world, (count, dtype, op)
+            in_place_seen |= {in_place for _, in_place in results}
+            auto = cluster.run(exact_allreduce_tasks.exact_auto, count, dtype, op, timeout_s=60)
+            assert auto == [(want, ["allreduce"])] * world, (count, dtype, op)
+    assert in_place_seen == ({False} if world == 1 else {False, True}), in_place_seen
+
+
+def test_an_allreduce_that_sums_as_contributions_arrive_gives_other_bits():
+    """What the rank order changes: at 4 ranks the float32 sum made as contributions arrive (in
+    float32, in the order they come) differs from the rank-order float64 sum in some element."""
+    world, count = 4, 100003
+    want = exact_allreduce_tasks.in_rank_order(0, world, count, "float32", "sum")
+    with LocalCluster(world, chunk_bytes=256) as cluster:
+        results = cluster.run(exact_allreduce_tasks.engine_as_it_arrives, count, "float32", "sum", timeout_s=60)
+    assert all(result != want for result in results)
+    got = np.frombuffer(results[0], dtype=np.float32)
+    np.testing.assert_allclose(got, np.frombuffer(want, dtype=np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_in_rank_order_refuses_what_it_cannot_take_and_keeps_the_tensor():
+    with LocalCluster(1) as cluster:
+        outcomes = cluster.run(exact_allreduce_tasks.refused_in_rank_order, timeout_s=60)[0]
+    assert outcomes == [("ValueError", True)] * 5, outcomes

@@ -114,10 +114,11 @@ def get_default():
 
 
 def allreduce(tensor, loss_budget=None, *, op="sum", deadline=None, estimator=None, algorithm=None, copies=None,
-              on_miss="raise"):
+              on_miss="raise", reduce_in_rank_order=False):
     """Allreduce on the default communicator (see Communicator.allreduce)."""
     return get_default().allreduce(tensor, op=op, loss_budget=loss_budget, deadline=deadline, estimator=estimator,
-                                   algorithm=algorithm, copies=copies, on_miss=on_miss)
+                                   algorithm=algorithm, copies=copies, on_miss=on_miss,
+                                   reduce_in_rank_order=reduce_in_rank_order)
 
 
 def reduce_scatter(tensor, output, loss_budget=None, **keywords):

@@ -415,7 +415,7 @@ class Communicator:
     @_documented
     @staging.stages(writes=("tensor",))
     def allreduce(self, tensor, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None, copies=None,
-                  layout_salt=0, on_miss="raise"):
+                  layout_salt=0, on_miss="raise", reduce_in_rank_order=False):
         """Reduce `tensor` across ranks, in place.
 
         Lost datagrams are not retransmitted: the result is an unbiased estimate. Each shard's
@@ -438,6 +438,12 @@ class Communicator:
         layout_salt : int, default 0
             Folded into the call's layout, which every rank checks: ranks whose calls differ in
             it raise LayoutMismatch (``ud_transport.exact`` says what its call is this way).
+        reduce_in_rank_order : bool, default False
+            Each block's owner keeps every rank's contribution apart and sums them in rank order
+            in double precision (a mean divided before it), rounding once: the same bits on
+            every rank and from run to run, those ``ud_transport.exact.allreduce`` gives. Needs
+            float32 or float64, ``algorithm="direct"`` and ``loss_budget=0`` (ValueError
+            otherwise); the owner holds world_size rows of its block.
         {call_parameters}
 
         {call_raises}
@@ -451,7 +457,7 @@ class Communicator:
         view = view_of(tensor)
         return self._run(_native.COLLECTIVE_ALLREDUCE, view, view, view.count, op=op, loss_budget=loss_budget,
                          deadline=deadline, estimator=estimator, algorithm=algorithm, copies=copies,
-                         layout_salt=layout_salt, on_miss=on_miss)
+                         layout_salt=layout_salt, on_miss=on_miss, reduce_in_rank_order=reduce_in_rank_order)
 
     @_documented
     @staging.stages(reads=("tensor",), writes=("output",))
@@ -788,7 +794,7 @@ class Communicator:
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
              algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0,
-             on_miss="raise"):
+             on_miss="raise", reduce_in_rank_order=False):
         if on_miss not in ON_MISS:
             raise ValueError(f"on_miss must be one of {ON_MISS}, got {on_miss!r}")
         op_value = op_code(op)
@@ -804,7 +810,8 @@ class Communicator:
             self._require_open()
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            stripes = None if direct_output or layout_salt else self._stripes_for(collective, nbytes, mask_address)
+            stripes = (None if direct_output or layout_salt or reduce_in_rank_order
+                       else self._stripes_for(collective, nbytes, mask_address))
             signals = threading.current_thread() is threading.main_thread()  # Ctrl-C ends a call that waits
             self._calling = threading.get_ident()  # close() from a signal's handler in this call waits for its end
             try:
@@ -822,7 +829,7 @@ class Communicator:
                         agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
                         chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
                         layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return",
-                        signals=signals)
+                        reduce_in_rank_order=bool(reduce_in_rank_order), signals=signals)
             finally:
                 self._calling = None
                 if self._close_after_call:

@@ -678,12 +678,15 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     Either way the result is the reduction in rank order of the same inputs, widened as
     _reduce_rows does, so both forms give the same bits.
 
-    "engine" (int32 SUM only, where the order of the additions cannot change a bit): first one
-    engine allreduce with a loss budget of 0, which moves 2(n-1)/n of the tensor in one call and
-    whose agreed verdict says whether every contribution arrived everywhere; only where it did
-    not (LossBudgetExceeded, on every rank alike), the sharded or gathered form from the kept
-    input. "auto" tries it for int32 SUM unless such attempts failed lately on this
-    communicator (their outcomes are agreed, so every rank skips alike; see _EngineBackoff).
+    "engine" (int32 SUM, where the order of the additions cannot change a bit; float32 and
+    float64 SUM and MEAN, whose owners then reduce in rank order in float64 as _reduce_rows does:
+    ``Communicator.allreduce(reduce_in_rank_order=True)``): first one engine allreduce with a
+    loss budget of 0, which moves 2(n-1)/n of the tensor in one call and whose agreed verdict
+    says whether every contribution arrived everywhere; only where it did not
+    (LossBudgetExceeded, on every rank alike), the sharded or gathered form from the kept input,
+    which gives the same bits. "auto" tries it where it applies unless such attempts failed
+    lately on this communicator (their outcomes are agreed, so every rank skips alike; see
+    _EngineBackoff).
 
     The form is a function of the size, the world, `form` and the agreed outcomes of earlier
     calls: ranks whose calls agree on those take the same one."""
@@ -697,16 +700,20 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         if form not in ("auto", "sharded", "gathered", "engine"):
             raise ValueError(f"form must be 'auto', 'sharded', 'gathered' or 'engine', got {form!r}")
         wrapped = _as_torch(tensor, writes=True)
-        engine_applies = name == "sum" and wrapped.dtype == torch.int32
+        in_rank_order = name in ("sum", "mean") and wrapped.dtype in (torch.float32, torch.float64)
+        engine_applies = in_rank_order or name == "sum" and wrapped.dtype == torch.int32
         if form == "engine" and not engine_applies:
-            raise ValueError(f"form='engine' reduces int32 with sum only, got {wrapped.dtype} and {name}")
+            raise ValueError(f"form='engine' takes an int32 sum or a float32 or float64 sum or mean, got "
+                             f"{wrapped.dtype} and {name}")
     flat = wrapped.reshape(-1).clone()
     n = comm.world_size
     calls = []
     backoff = _EngineBackoff.of(comm)
     if form == "engine" or form == "auto" and engine_applies and backoff.try_now():
         try:
-            calls.append(comm.allreduce(flat, op="sum", loss_budget=0.0, deadline=deadline,
+            calls.append(comm.allreduce(flat, op=name, loss_budget=0.0, deadline=deadline,
+                                        algorithm="direct" if in_rank_order else None,
+                                        reduce_in_rank_order=in_rank_order,
                                         layout_salt=_salt(collective, name, str(flat.dtype), "engine", flat.nbytes)))
         except LossBudgetExceeded as error:  # agreed: every rank goes on to the exact forms alike
             backoff.failed()
@@ -739,9 +746,10 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
 
 
 class _EngineBackoff:
-    """When an exact int32 sum tries the engine's one-call allreduce first. Each failed attempt
-    (some contribution lost: the call is then repeated in an exact form) doubles the number of
-    calls that skip it, up to 64; a success resets it. Every rank sees the same agreed outcomes
+    """When an exact allreduce (an int32 sum, a float sum or mean in rank order) tries the
+    engine's one-call allreduce first. Each failed attempt (some contribution lost: the call is
+    then repeated in an exact form) doubles the number of calls that skip it, up to 64; a
+    success resets it. Every rank sees the same agreed outcomes
     in the same order, so every rank skips the same calls. So does a LayoutMismatch since the
     last look (``Communicator.layout_mismatches``, counted alike everywhere): ranks whose calls
     differed may have looked differently (one refused its call before looking, another looked and
