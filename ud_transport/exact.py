@@ -705,11 +705,13 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         if form == "engine" and not engine_applies:
             raise ValueError(f"form='engine' takes an int32 sum or a float32 or float64 sum or mean, got "
                              f"{wrapped.dtype} and {name}")
-    flat = wrapped.reshape(-1).clone()
     n = comm.world_size
     calls = []
     backoff = _EngineBackoff.of(comm)
     if form == "engine" or form == "auto" and engine_applies and backoff.try_now():
+        # in the caller's memory where it is contiguous: a failed engine call puts it back
+        in_memory = wrapped.is_contiguous()
+        flat = wrapped.view(-1) if in_memory else wrapped.reshape(-1).clone()
         try:
             calls.append(comm.allreduce(flat, op=name, loss_budget=0.0, deadline=deadline,
                                         algorithm="direct" if in_rank_order else None,
@@ -718,12 +720,13 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         except LossBudgetExceeded as error:  # agreed: every rank goes on to the exact forms alike
             backoff.failed()
             calls.append(error.stats)
-            flat = wrapped.reshape(-1).clone()  # the input as given (the engine put it back; no trust needed)
         else:
             backoff.succeeded()
-            wrapped.copy_(flat.view(wrapped.shape))
+            if not in_memory:
+                wrapped.copy_(flat.view(wrapped.shape))
             return calls
         form = "auto"
+    flat = wrapped.reshape(-1).clone()  # the input as given (a failed engine call put it back)
     if form in ("auto", "engine"):
         form = "sharded" if sharded_saving(flat.nbytes, n) >= SHARDED_SAVING_MIN_BYTES else "gathered"
     claim = (collective, name, str(flat.dtype), form)
