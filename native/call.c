@@ -99,9 +99,9 @@ static int prepare(struct udt_comm *comm, struct call *c)
     if (grow((void **)&comm->scratch, &comm->scratch_bytes, (size_t)a->count * c->geometry.accum_bytes) ||
         grow((void **)&comm->chunk_state, &comm->chunk_state_bytes, state_bytes) ||
         grow((void **)&comm->step_memory, &comm->step_memory_bytes, step_bytes) ||
-        (a->reduce_in_rank_order &&
-         grow((void **)&comm->rank_rows, &comm->rank_rows_bytes,
-              (size_t)n * ((a->count + n - 1) / n) * c->geometry.wire_bytes))) /* the largest block (they rotate) */
+        (a->reduce_in_rank_order && n > 1 &&
+         grow((void **)&comm->rank_rows, &comm->rank_rows_bytes, /* the peers' rows of the largest block (they rotate) */
+              (size_t)(n - 1) * ((a->count + n - 1) / n) * c->geometry.wire_bytes)))
         return fail(comm, UDT_ERR_NO_MEMORY, "out of memory for the call's buffers");
     c->step = (struct udt_step *)comm->step_memory;
     c->state = (struct step_state *)(c->step + steps);
@@ -136,7 +136,7 @@ static int prepare(struct udt_comm *comm, struct call *c)
     c->output.accum = c->output.in_place || c->output.direct_output ? (uint8_t *)a->output : comm->scratch;
     c->output.final_uncached = (c->output.in_place || c->output.direct_output) && a->count * c->geometry.wire_bytes >= comm->options.in_place_min_bytes;
     c->output.saved = comm->scratch;
-    c->output.rank_rows = a->reduce_in_rank_order ? comm->rank_rows : NULL;
+    c->output.rank_rows = a->reduce_in_rank_order && n > 1 ? comm->rank_rows : NULL; /* alone, our input is the sum */
     c->chunks.rs_count = (uint16_t *)comm->chunk_state;
     c->chunks.final_count = c->chunks.rs_count + total_chunks;
     c->chunks.chunk_flags = (uint8_t *)(c->chunks.final_count + total_chunks);

@@ -370,9 +370,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     uint8_t *target = c->output.accum + first * c->geometry.accum_bytes;
     if (c->output.rank_rows && step->recv_mode == UDT_RECV_REDUCE) {
         /* kept apart in the sender's row, summed in rank order once all are in (output.c) */
-        uint64_t row_elements = (c->args.count + c->n - 1) / c->n;
-        memcpy(c->output.rank_rows + ((uint64_t)peer * row_elements + first - c->geometry.block_first[block]) * c->geometry.wire_bytes,
-               payload, elements * c->geometry.wire_bytes);
+        memcpy(udt_rank_row(c, peer, first - c->geometry.block_first[block]), payload, elements * c->geometry.wire_bytes);
         c->chunks.rs_count[id] = (uint16_t)(c->chunks.rs_count[id] + h->contributions);
     } else if (step->recv_mode == UDT_RECV_OVERWRITE) {
         udt_save_original(c, block, h->chunk_index);

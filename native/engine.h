@@ -104,6 +104,11 @@ struct udt_collective_args {
  * (_native.budget_missed) all ask this. */
 static inline int udt_budget_missed(double reduce_fraction, double gather_fraction, double loss_budget)
 {
+    /* a budget of 0 has no tolerance: with 1e12 contributions, 1e-12 would let one go missing from
+     * a call that claims to be exact (the fractions are quotients of integers below 2^53, so below
+     * 1.0 exactly when something lacks) */
+    if (loss_budget <= 0)
+        return reduce_fraction < 1.0 || gather_fraction < 1.0;
     return 1.0 - reduce_fraction > loss_budget + 1e-12 || 1.0 - gather_fraction > loss_budget + 1e-12;
 }
 

@@ -191,7 +191,7 @@ struct call_output {
     uint8_t *saved;              /* in place: the originals (the scratch) */
     uint8_t final_uncached;      /* the output is the caller's and too large for the cache: final values
                                   * no later step sends go there with stores that bypass it */
-    uint8_t *rank_rows;          /* reduce_in_rank_order: world_size rows of our block, row p rank p's contribution */
+    uint8_t *rank_rows;          /* reduce_in_rank_order: a row of our block per peer (udt_rank_row) */
 };
 
 /* One call; call.c's start zeroes it whole, so every room's state begins at zero. */
@@ -289,6 +289,14 @@ static inline uint64_t chunk_length(const struct call *c, uint32_t block, uint32
 {
     uint64_t first = chunk_first_element(c, block, chunk), end = c->geometry.block_first[block + 1];
     return end - first < c->geometry.chunk_elements ? end - first : c->geometry.chunk_elements;
+}
+
+/* reduce_in_rank_order: where peer p's contribution to element `offset` of our block is kept
+ * (rows of the largest block, one per peer: ours is the input itself). */
+static inline uint8_t *udt_rank_row(const struct call *c, uint32_t p, uint64_t offset)
+{
+    uint64_t row = p < c->rank ? p : p - 1, row_elements = (c->args.count + c->n - 1) / c->n;
+    return c->output.rank_rows + (row * row_elements + offset) * c->geometry.wire_bytes;
 }
 
 /* The caller's input for an element: when the input is a shard (all_gather), only ours. */

@@ -45,15 +45,14 @@ void udt_save_original(struct call *c, uint32_t block, uint32_t chunk)
  * result is written, so in place our own row (the tensor) may be the target. */
 static void reduce_in_rank_order(struct call *c, uint32_t block, uint64_t first, uint64_t elements, uint8_t *value)
 {
-    uint64_t row_elements = (c->args.count + c->n - 1) / c->n, offset = first - c->geometry.block_first[block];
+    uint64_t offset = first - c->geometry.block_first[block];
     size_t wire = c->geometry.wire_bytes;
     int single = c->args.dtype == UDT_FLOAT32;
     double sums[RANK_ORDER_RUN];
     for (uint64_t done = 0; done < elements; done += RANK_ORDER_RUN) {
         uint64_t run = elements - done < RANK_ORDER_RUN ? elements - done : RANK_ORDER_RUN;
         for (uint32_t p = 0; p < c->n; p++) {
-            const uint8_t *row = p == c->rank ? input_at(c, first + done)
-                                              : c->output.rank_rows + ((uint64_t)p * row_elements + offset + done) * wire;
+            const uint8_t *row = p == c->rank ? input_at(c, first + done) : udt_rank_row(c, p, offset + done);
             for (uint64_t i = 0; i < run; i++) { /* -O3 takes the branches out of the loop */
                 double x = single ? ((const float *)row)[i] : ((const double *)row)[i];
                 sums[i] = p == 0 ? x : sums[i] + x;

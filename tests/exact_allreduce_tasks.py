@@ -29,14 +29,15 @@ def both_forms(comm, count, dtype, op):
     return out
 
 
-def bytes_sent(comm, count, form, op="sum"):
-    """An exact int32 sum (or max) of `count` elements in `form`: (data payload bytes this rank
-    sent over every engine call, the tensor's bytes, the result is right, engine calls)."""
-    tensor = torch.full((count,), comm.rank + 1, dtype=torch.int32)
+def bytes_sent(comm, count, form, op="sum", dtype="int32"):
+    """An exact int32 (or `dtype`) sum, mean or max of `count` elements in `form`: (data payload
+    bytes this rank sent over every engine call, the tensor's bytes, the result is right, engine
+    calls)."""
+    tensor = torch.full((count,), comm.rank + 1, dtype=DTYPES[dtype])
     stats = exact.allreduce(comm, tensor, op, deadline=20.0, form=form)
     sent = sum(s.payload_bytes_sent for s in stats)
     n = comm.world_size
-    right = bool(torch.all(tensor == (n * (n + 1) // 2 if op == "sum" else n)))
+    right = bool(torch.all(tensor == {"sum": n * (n + 1) // 2, "mean": (n + 1) / 2, "max": n}[op]))
     return sent, tensor.nbytes, right, len(stats)
 
 
@@ -83,10 +84,29 @@ def in_rank_order(rank, world_size, count, dtype, op):
 
 
 def engine_in_rank_order(comm, count, dtype, op):
-    """One engine allreduce with reduce_in_rank_order: (this rank's result as bytes, in place?)."""
+    """One engine allreduce with reduce_in_rank_order (the algorithm left to it: direct): (this
+    rank's result as bytes, in place?)."""
     tensor = inputs(comm.rank, count, dtype)
-    stats = comm.allreduce(tensor, op=op, loss_budget=0.0, algorithm="direct", reduce_in_rank_order=True, deadline=20.0)
+    stats = comm.allreduce(tensor, op=op, loss_budget=0.0, reduce_in_rank_order=True, deadline=20.0)
     return tensor.numpy().tobytes(), stats.in_place
+
+
+def in_rank_order_under_loss(comm, count, dtype, op):
+    """Under the cluster's injected loss: one engine allreduce in rank order, which fails (budget
+    0), then exact.allreduce(form="engine"), which falls back to an exact form. (the first
+    call's error, whether it ran in place, whether the tensor kept its input, the second's
+    result as bytes)."""
+    from ud_transport import LossBudgetExceeded
+
+    tensor = inputs(comm.rank, count, dtype)
+    try:
+        stats = comm.allreduce(tensor, op=op, loss_budget=0.0, reduce_in_rank_order=True, deadline=20.0)
+        error = None
+    except LossBudgetExceeded as raised:
+        stats, error = raised.stats, type(raised).__name__
+    kept = tensor.numpy().tobytes() == inputs(comm.rank, count, dtype).numpy().tobytes()
+    exact.allreduce(comm, tensor, op, deadline=20.0, form="engine")
+    return error, stats.in_place, kept, tensor.numpy().tobytes()
 
 
 def engine_as_it_arrives(comm, count, dtype, op):

@@ -159,3 +159,7 @@ def test_the_budget_rule_is_the_engines():
     assert not _native.budget_missed(0.9, 1.0, 0.1)
     assert _native.budget_missed(0.89, 1.0, 0.1) and _native.budget_missed(1.0, 0.89, 0.1)
     assert not _native.budget_missed(1.0, 1.0, 0.0) and _native.budget_missed(0.999, 1.0, 0.0)
+    # a budget of 0 has no tolerance: one contribution of 4 * 2^40 missing is a miss
+    one_missing = 1.0 - 1.0 / (4 * 2**40)
+    assert one_missing < 1.0 and _native.budget_missed(one_missing, 1.0, 0.0) and _native.budget_missed(1.0, one_missing, 0.0)
+    assert not _native.budget_missed(one_missing, 1.0, 1e-9)

@@ -37,11 +37,15 @@ def test_sharded_sends_about_twice_the_tensor_and_auto_takes_it_when_large():
     assert exact.sharded_saving(count * 4, world) >= exact.SHARDED_SAVING_MIN_BYTES
     with LocalCluster(world) as cluster:
         sent, calls = {}, {}
-        for form, op in (("sharded", "sum"), ("gathered", "sum"), ("auto", "max"), ("auto", "sum"), ("engine", "sum")):
-            results = cluster.run(exact_allreduce_tasks.bytes_sent, count, form, op, timeout_s=120)
+        for form, op, dtype in (("sharded", "sum", "int32"), ("gathered", "sum", "int32"), ("auto", "max", "int32"),
+                                ("auto", "sum", "int32"), ("engine", "sum", "int32"), ("auto", "sum", "float32"),
+                                ("auto", "mean", "float64")):
+            results = cluster.run(exact_allreduce_tasks.bytes_sent, count, form, op, dtype, timeout_s=120)
             assert all(right for _, _, right, _ in results), (form, op, results)
-            sent[form, op] = max(bytes_ / tensor_bytes for bytes_, tensor_bytes, _, _ in results)
-            calls[form, op] = {engine_calls for _, _, _, engine_calls in results}
+            sent[form, op, dtype] = max(bytes_ / tensor_bytes for bytes_, tensor_bytes, _, _ in results)
+            calls[form, op, dtype] = {engine_calls for _, _, _, engine_calls in results}
+    sent = {key if key[2] != "int32" else key[:2]: value for key, value in sent.items()}
+    calls = {key if key[2] != "int32" else key[:2]: value for key, value in calls.items()}
     twice = 2 * (world - 1) / world  # (n-1)/n of the tensor each way
     assert sent["sharded", "sum"] <= 2.2, sent  # what issue 41 asks
     assert sent["sharded", "sum"] == pytest.approx(twice, rel=0.01), sent
@@ -50,6 +54,9 @@ def test_sharded_sends_about_twice_the_tensor_and_auto_takes_it_when_large():
     # an int32 sum on a clean network: the engine's one call, the same bytes
     assert sent["auto", "sum"] == pytest.approx(twice, rel=0.02) and calls["auto", "sum"] == {1}, (sent, calls)
     assert sent["engine", "sum"] == pytest.approx(twice, rel=0.02) and calls["engine", "sum"] == {1}, (sent, calls)
+    # a float sum or mean, reduced in rank order by the owners: the same one call and bytes
+    for key in (("auto", "sum", "float32"), ("auto", "mean", "float64")):
+        assert sent[key] == pytest.approx(twice, rel=0.02) and calls[key] == {1}, (key, sent, calls)
 
 
 def test_an_int32_sum_falls_back_to_an_exact_form_under_loss_and_backs_off_alike():
@@ -131,6 +138,8 @@ def test_an_allreduce_in_rank_order_gives_the_bits_of_the_exact_forms(world):
             in_place_seen |= {in_place for _, in_place in results}
             auto = cluster.run(exact_allreduce_tasks.exact_auto, count, dtype, op, timeout_s=60)
             assert auto == [(want, ["allreduce"])] * world, (count, dtype, op)
+            forms = cluster.run(exact_allreduce_tasks.both_forms, count, dtype, op, timeout_s=60)
+            assert forms == [{"sharded": want, "gathered": want, "engine": want}] * world, (count, dtype, op)
     assert in_place_seen == ({False} if world == 1 else {False, True}), in_place_seen
 
 
@@ -144,6 +153,18 @@ def test_an_allreduce_that_sums_as_contributions_arrive_gives_other_bits():
     assert all(result != want for result in results)
     got = np.frombuffer(results[0], dtype=np.float32)
     np.testing.assert_allclose(got, np.frombuffer(want, dtype=np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_an_allreduce_in_rank_order_that_fails_in_place_puts_the_tensor_back():
+    """Under 5% injected loss a large call in rank order (summed in the caller's tensor) misses its
+    budget of 0 after owners wrote their sums: every rank gets LossBudgetExceeded and its input
+    back, and the exact form that follows gives the rank-order bits."""
+    world, count = 3, 100003
+    want = exact_allreduce_tasks.in_rank_order(0, world, count, "float32", "sum")
+    with LocalCluster(world, chunk_bytes=256, in_place_min_bytes=4096,
+                      inject=ud_transport.Bernoulli(0.05, seed=11)) as cluster:
+        results = cluster.run(exact_allreduce_tasks.in_rank_order_under_loss, count, "float32", "sum", timeout_s=120)
+    assert results == [("LossBudgetExceeded", True, True, want)] * world, [result[:3] for result in results]
 
 
 def test_reduce_in_rank_order_refuses_what_it_cannot_take_and_keeps_the_tensor():

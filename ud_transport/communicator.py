@@ -442,8 +442,9 @@ class Communicator:
             Each block's owner keeps every rank's contribution apart and sums them in rank order
             in double precision (a mean divided before it), rounding once: the same bits on
             every rank and from run to run, those ``ud_transport.exact.allreduce`` gives. Needs
-            float32 or float64, ``algorithm="direct"`` and ``loss_budget=0`` (ValueError
-            otherwise); the owner holds world_size rows of its block.
+            float32 or float64 and ``loss_budget=0``, and runs on the direct algorithm (ValueError
+            for another; ``None`` and ``"auto"`` take it); the owner keeps a row of its block
+            per peer.
         {call_parameters}
 
         {call_raises}
@@ -800,6 +801,8 @@ class Communicator:
         op_value = op_code(op)
         copies = check_copies(self.options.copies if copies is None else copies)
         estimator_value = estimator_code(estimator or self.options.estimator)
+        if reduce_in_rank_order and algorithm in (None, "auto"):
+            algorithm = "direct"  # the only schedule whose owners hear each contribution alone (as ring at 2 ranks)
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
         budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)  # its range: the engine's
         deadline_s = _seconds(deadline)
