@@ -216,8 +216,9 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
     if ((uint64_t)(steps + 1) * (max_chunks + 1) + (uint64_t)comm->options.window_bytes >= 0xF0000000ull || steps > 0xFFFF)
         return "count: too many chunks for one call (raise chunk_bytes)";
     if (a->reduce_in_rank_order) {
-        if (facts->output != UDT_OUTPUT_REDUCED || a->algorithm != UDT_ALGORITHM_DIRECT)
-            return "reduce_in_rank_order: an allreduce on the direct algorithm only";
+        if ((facts->output != UDT_OUTPUT_REDUCED && facts->output != UDT_OUTPUT_REDUCED_SHARD) ||
+            a->algorithm != UDT_ALGORITHM_DIRECT)
+            return "reduce_in_rank_order: an allreduce or reduce_scatter on the direct algorithm only";
         if (a->dtype != UDT_FLOAT32 && a->dtype != UDT_FLOAT64)
             return "reduce_in_rank_order: float32 or float64 only";
         if (a->loss_budget != 0.0 || a->write_on_budget_miss)

@@ -364,7 +364,7 @@ int udt_write_output(struct call *c)
         break;
     case UDT_OUTPUT_REDUCED_SHARD: {
         uint32_t block = c->schedule.owned_block;
-        double mean = c->args.op == UDT_OP_MEAN ? 1.0 / c->n : 1.0;
+        double mean = c->args.op == UDT_OP_MEAN && !c->output.rank_rows ? 1.0 / c->n : 1.0; /* in rank order: divided already */
         uint64_t first = c->geometry.block_first[block], length = c->geometry.block_first[block + 1] - first;
         if (length)
             udt_store(c->args.dtype, c->args.output, c->output.accum + first * c->geometry.accum_bytes, length, mean);

@@ -5,7 +5,8 @@ previous one's: send and recv, as a pipeline moves activations) and all_to_all_s
 "ud" group (each rank's tensor cut into one piece per rank, as a mixture of experts routes
 tokens), the exact int32 allreduce (ud_transport.exact.allreduce: "auto", each of its forms
 forced, and through a "ud" group), the exact float32 allreduce ("auto": the engine's one call,
-reduced in rank order; and its sharded form), gather and scatter to and from rank 0 on a "ud" group (one
+reduced in rank order; and its sharded form), the exact float32 reduce_scatter (the engine's, in
+rank order; and the exact allreduce of a copy it falls back to), gather and scatter to and from rank 0 on a "ud" group (one
 piece per rank of the tensor) and a barrier on a "ud" group against Gloo's, on the same ranks in
 the same run, optionally under real packet loss.
 
@@ -78,6 +79,14 @@ def timed(comm, config):
     handed = [torch.full((count // n,), float(q)) for q in range(n)] if comm.rank == 0 else None
     integers = torch.empty(count, dtype=torch.int32)  # the exact allreduce's tensor: every rank's r + 1
     floats = torch.empty(count, dtype=torch.float32)  # the same as float32 (sums of small integers are exact)
+    shard_start, shard_stop = comm.shard_range(count)
+    reduced_shard = torch.empty(shard_stop - shard_start, dtype=torch.float32)  # a reduce_scatter's output
+
+    def reduce_scatter_via_allreduce():  # what an exact reduce_scatter was until it had a form of its own
+        whole = floats.clone()
+        calls = len(exact.allreduce(comm, whole, "sum", form="sharded"))
+        reduced_shard.copy_(whole[shard_start:shard_stop])
+        return calls
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
     def shift(backend):
@@ -109,6 +118,11 @@ def timed(comm, config):
         "ud allreduce_float": lambda: len(exact.allreduce(comm, floats, "sum")),
         "ud allreduce_float sharded": lambda: len(exact.allreduce(comm, floats, "sum", form="sharded")),
         "gloo allreduce_float": lambda: (dist.all_reduce(floats), 1)[1],
+        # float32 SUM reduce_scatter made exact: the engine's reduce_scatter in rank order, against
+        # the exact allreduce of a copy whose shard is kept (the form it falls back to)
+        "ud reduce_scatter_float": lambda: len(exact.reduce_scatter(comm, floats, reduced_shard, "sum")),
+        "ud reduce_scatter_float via allreduce": reduce_scatter_via_allreduce,
+        "gloo reduce_scatter_float": lambda: (dist.reduce_scatter_tensor(reduced_shard, floats), 1)[1],
         "ud gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["ud"]), None)[1],
         "gloo gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["gloo"]), 1)[1],
         "ud scatter": lambda: (dist.scatter(own, handed, src=0, group=groups["ud"]), None)[1],
@@ -128,6 +142,7 @@ def timed(comm, config):
             routed.fill_(-1)
             integers.fill_(comm.rank + 1)
             floats.fill_(comm.rank + 1)
+            reduced_shard.fill_(-1)
             own.fill_(-1)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             received = received_bytes()
@@ -147,6 +162,8 @@ def timed(comm, config):
                     "a gather ended with other pieces than its senders'"
             elif name.endswith("scatter"):
                 assert torch.all(own == comm.rank), "a scatter ended with another piece than the root's for this rank"
+            elif "reduce_scatter_float" in name:
+                assert torch.all(reduced_shard == n * (n + 1) // 2), "a reduce_scatter ended with another sum"
             elif "allreduce_float" in name:
                 assert torch.all(floats == n * (n + 1) // 2), "an allreduce ended with another sum"
             elif "allreduce" in name:
@@ -176,13 +193,13 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all, allreduce, allreduce_float, gather, "
-                                                   "scatter, barrier; "
+                                                   "send/recv, all_to_all, allreduce, allreduce_float, "
+                                                   "reduce_scatter_float, gather, scatter, barrier; "
                                                    "default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "allreduce_float", "gather",
-                           "scatter", "barrier"}
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "allreduce_float",
+                           "reduce_scatter_float", "gather", "scatter", "barrier"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")
     if args.threads < 0:

@@ -141,3 +141,37 @@ def refused_in_rank_order(comm):
             error = type(raised).__name__
         out.append((error, bool(torch.equal(tensor, torch.arange(8).to(dtype)))))
     return out
+
+
+def shard_in_rank_order(rank, world_size, count, dtype, op):
+    """in_rank_order's result, only rank `rank`'s shard (the engine's block split) of it."""
+    from ud_transport import _native
+
+    start, stop = _native.block_start(count, world_size, rank), _native.block_start(count, world_size, rank + 1)
+    return in_rank_order(rank, world_size, count, dtype, op)[start * DTYPES[dtype].itemsize:stop * DTYPES[dtype].itemsize]
+
+
+def reduce_scatters(comm, count, dtype, op):
+    """This rank's shard two ways: the engine's reduce_scatter in rank order, and
+    exact.reduce_scatter (with the engine collectives it ran). (engine bytes, exact bytes, exact
+    collectives)."""
+    start, stop = comm.shard_range(count)
+    source = inputs(comm.rank, count, dtype)
+    engine = torch.full((stop - start,), -1.0, dtype=DTYPES[dtype])
+    comm.reduce_scatter(source, engine, op=op, loss_budget=0.0, reduce_in_rank_order=True, deadline=20.0)
+    shard = torch.full((stop - start,), -1.0, dtype=DTYPES[dtype])
+    stats = exact.reduce_scatter(comm, source, shard, op, deadline=20.0)
+    assert torch.equal(source, inputs(comm.rank, count, dtype)), "reduce_scatter changed its input"
+    return engine.numpy().tobytes(), shard.numpy().tobytes(), [s.collective for s in stats]
+
+
+def reduce_scatter_shards(comm, count, dtype, op, calls):
+    """`calls` exact.reduce_scatter calls in a row: per call, this rank's shard as bytes and the
+    engine collectives the call ran."""
+    start, stop = comm.shard_range(count)
+    out = []
+    for _ in range(calls):
+        shard = torch.empty(stop - start, dtype=DTYPES[dtype])
+        stats = exact.reduce_scatter(comm, inputs(comm.rank, count, dtype), shard, op, deadline=20.0)
+        out.append((shard.numpy().tobytes(), [s.collective for s in stats]))
+    return out

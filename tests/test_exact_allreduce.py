@@ -140,6 +140,10 @@ def test_an_allreduce_in_rank_order_gives_the_bits_of_the_exact_forms(world):
             assert auto == [(want, ["allreduce"])] * world, (count, dtype, op)
             forms = cluster.run(exact_allreduce_tasks.both_forms, count, dtype, op, timeout_s=60)
             assert forms == [{"sharded": want, "gathered": want, "engine": want}] * world, (count, dtype, op)
+            shards = cluster.run(exact_allreduce_tasks.reduce_scatters, count, dtype, op, timeout_s=60)
+            for rank, (engine, shard, collectives) in enumerate(shards):
+                mine = exact_allreduce_tasks.shard_in_rank_order(rank, world, count, dtype, op)
+                assert (engine, shard, collectives) == (mine, mine, ["reduce_scatter"]), (count, dtype, op, rank)
     assert in_place_seen == ({False} if world == 1 else {False, True}), in_place_seen
 
 
@@ -171,3 +175,18 @@ def test_reduce_in_rank_order_refuses_what_it_cannot_take_and_keeps_the_tensor()
     with LocalCluster(1) as cluster:
         outcomes = cluster.run(exact_allreduce_tasks.refused_in_rank_order, timeout_s=60)[0]
     assert outcomes == [("ValueError", True)] * 5, outcomes
+
+
+def test_an_exact_reduce_scatter_under_loss_keeps_the_allreduces_bits():
+    """Under 5% injected loss the engine's reduce_scatter misses its budget of 0 and the exact
+    allreduce of a copy follows: each rank's shard still has the rank-order bits, and the next
+    call skips the engine's attempt on every rank alike."""
+    world, count = 3, 20011
+    with LocalCluster(world, chunk_bytes=256, inject=ud_transport.Bernoulli(0.05, seed=13)) as cluster:
+        for dtype, op in (("float32", "sum"), ("float64", "mean")):
+            shards = cluster.run(exact_allreduce_tasks.reduce_scatter_shards, count, dtype, op, 2, timeout_s=120)
+            for rank, calls in enumerate(shards):
+                mine = exact_allreduce_tasks.shard_in_rank_order(rank, world, count, dtype, op)
+                assert [shard for shard, _ in calls] == [mine, mine], (dtype, op, rank)
+            firsts = [[collectives[0] for _, collectives in calls] for calls in shards]
+            assert firsts == [["reduce_scatter", firsts[0][1]]] * world and firsts[0][1] != "reduce_scatter", firsts

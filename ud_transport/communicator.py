@@ -463,7 +463,7 @@ class Communicator:
     @_documented
     @staging.stages(reads=("tensor",), writes=("output",))
     def reduce_scatter(self, tensor, output, *, op="sum", loss_budget=None, deadline=None, estimator=None, algorithm=None,
-                       chunk_mask=None, copies=None, on_miss="raise"):
+                       chunk_mask=None, copies=None, on_miss="raise", layout_salt=0, reduce_in_rank_order=False):
         """Reduce `tensor` across ranks; this rank's shard of the result lands in `output`.
 
         Each chunk of the shard is scaled by N / the contributions that reached it (unbiased).
@@ -482,6 +482,11 @@ class Communicator:
             this rank's shard rank p's contribution reached (1) or missed (0). Offered where each
             contribution travels alone (``algorithm="direct"``, or two ranks); error feedback
             uses it (a sender keeps what missed and adds it to its next call).
+        layout_salt : int, default 0
+            Folded into the call's layout, as for allreduce.
+        reduce_in_rank_order : bool, default False
+            The shard is the sum of every rank's contribution in rank order in float64, rounded
+            once, as for allreduce (the same needs).
         {call_parameters}
 
         {call_raises}
@@ -496,7 +501,7 @@ class Communicator:
         self._check_pair(source, target, stop - start, "output", "this rank's shard of tensor")
         return self._run(_native.COLLECTIVE_REDUCE_SCATTER, source, target, source.count, op=op, loss_budget=loss_budget,
                          deadline=deadline, estimator=estimator, algorithm=algorithm, chunk_mask=chunk_mask, copies=copies,
-                         on_miss=on_miss)
+                         on_miss=on_miss, layout_salt=layout_salt, reduce_in_rank_order=reduce_in_rank_order)
 
     @_documented
     @staging.stages(reads=("shard",), writes=("output",))

@@ -693,15 +693,11 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     import torch
 
     with _refused_in_step(comm, deadline):
-        name = tensors.op_name(op)
-        name = {"avg": "mean", "prod": "product"}.get(name, name)
-        if name not in ("sum", "mean", "max", "min", "product"):
-            raise ValueError(f"exact allreduce supports sum, mean, max, min and product, got {op!r}")
+        name = _reduction(op)
         if form not in ("auto", "sharded", "gathered", "engine"):
             raise ValueError(f"form must be 'auto', 'sharded', 'gathered' or 'engine', got {form!r}")
         wrapped = _as_torch(tensor, writes=True)
-        in_rank_order = name in ("sum", "mean") and wrapped.dtype in (torch.float32, torch.float64)
-        engine_applies = in_rank_order or name == "sum" and wrapped.dtype == torch.int32
+        engine_applies, in_rank_order = _engine_reduces(wrapped.dtype, name)
         if form == "engine" and not engine_applies:
             raise ValueError(f"form='engine' takes an int32 sum or a float32 or float64 sum or mean, got "
                              f"{wrapped.dtype} and {name}")
@@ -712,16 +708,9 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         # in the caller's memory where it is contiguous: a failed engine call puts it back
         in_memory = wrapped.is_contiguous()
         flat = wrapped.view(-1) if in_memory else wrapped.reshape(-1).clone()
-        try:
-            calls.append(comm.allreduce(flat, op=name, loss_budget=0.0, deadline=deadline,
-                                        algorithm="direct" if in_rank_order else None,
-                                        reduce_in_rank_order=in_rank_order,
-                                        layout_salt=_salt(collective, name, str(flat.dtype), "engine", flat.nbytes)))
-        except LossBudgetExceeded as error:  # agreed: every rank goes on to the exact forms alike
-            backoff.failed()
-            calls.append(error.stats)
-        else:
-            backoff.succeeded()
+        if _engine_first(backoff, calls, lambda: comm.allreduce(
+                flat, op=name, loss_budget=0.0, deadline=deadline, reduce_in_rank_order=in_rank_order,
+                layout_salt=_salt(collective, name, str(flat.dtype), "engine", flat.nbytes))):
             if not in_memory:
                 wrapped.copy_(flat.view(wrapped.shape))
             return calls
@@ -746,6 +735,76 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         result = gathered[:flat.numel()]
     wrapped.copy_(result.view(wrapped.shape))
     return calls + stats
+
+
+@staging.stages(reads=("tensor",), writes=("output",))
+@_without_autograd
+def reduce_scatter(comm, tensor, output, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None,
+                   collective="reduce_scatter"):
+    """`output` becomes this rank's shard (``comm.shard_range`` of `tensor`'s count) of the exact
+    reduction of every rank's `tensor` (only read): the bits allreduce gives there. An int32 sum,
+    or a float32 or float64 sum or mean, first tries the engine's reduce_scatter with a loss
+    budget of 0 (in rank order for the floats), which sends (n-1)/n of the tensor in one call,
+    under allreduce's backoff; otherwise, or where it lost something, an exact allreduce of a
+    copy, whose shard is kept. `output` is written only on success. Returns the stats of each
+    call."""
+    with _refused_in_step(comm, deadline):
+        name = _reduction(op)
+        source, target = _as_torch(tensor), _as_torch(output, writes=True)
+        start, stop = comm.shard_range(source.numel())
+        if target.numel() != stop - start or target.dtype != source.dtype:
+            raise ValueError(f"exact reduce_scatter on rank {comm.rank}: output must be {stop - start} {source.dtype} "
+                             f"elements (this rank's shard), got {target.numel()} {target.dtype}")
+    engine_applies, in_rank_order = _engine_reduces(source.dtype, name)
+    calls, form = [], "auto"
+    backoff = _EngineBackoff.of(comm)
+    if engine_applies and backoff.try_now():
+        flat = source.reshape(-1)
+        shard = target.view(-1) if target.is_contiguous() else target.reshape(-1).clone()
+        if _engine_first(backoff, calls, lambda: comm.reduce_scatter(
+                flat, shard, op=name, loss_budget=0.0, deadline=deadline, reduce_in_rank_order=in_rank_order,
+                layout_salt=_salt(collective, name, str(flat.dtype), "engine", flat.nbytes))):
+            if shard.data_ptr() != target.data_ptr():
+                target.copy_(shard.view(target.shape))
+            return calls
+    if engine_applies:  # the form allreduce's "auto" would take, without looking at the backoff again
+        form = "sharded" if sharded_saving(source.nbytes, comm.world_size) >= SHARDED_SAVING_MIN_BYTES else "gathered"
+    reduced = source.reshape(-1).clone()
+    calls += allreduce(comm, reduced, name, attempts=attempts, deadline=deadline, collective=collective, form=form)
+    target.copy_(reduced[start:stop].view(target.shape))
+    return calls
+
+
+def _reduction(op):
+    """The exact layer's name for `op` (ValueError for one it cannot reduce with)."""
+    name = tensors.op_name(op)
+    name = {"avg": "mean", "prod": "product"}.get(name, name)
+    if name not in ("sum", "mean", "max", "min", "product"):
+        raise ValueError(f"exact reductions support sum, mean, max, min and product, got {op!r}")
+    return name
+
+
+def _engine_reduces(dtype, name):
+    """(whether the engine's one call gives the exact forms' bits for `name` on `dtype`, whether
+    it must reduce in rank order for that): an int32 sum in any order; a float32 or float64 sum
+    or mean in rank order."""
+    import torch
+
+    in_rank_order = name in ("sum", "mean") and dtype in (torch.float32, torch.float64)
+    return in_rank_order or name == "sum" and dtype == torch.int32, in_rank_order
+
+
+def _engine_first(backoff, calls, call):
+    """Make the engine's one call; True when it succeeded. Its verdict is agreed, so where it lost
+    something every rank records the failed call, backs off alike and goes on to an exact form."""
+    try:
+        calls.append(call())
+    except LossBudgetExceeded as error:
+        backoff.failed()
+        calls.append(error.stats)
+        return False
+    backoff.succeeded()
+    return True
 
 
 class _EngineBackoff:

@@ -255,18 +255,16 @@ class ProcessGroupUD(dist.ProcessGroup):
 
     def _reduce_scatter_one(self, output, flat_input, op, claim):
         comm = self.communicator
+        target = output if output.is_contiguous() else output.contiguous()
         if self._lossy("reduce_scatter", flat_input, op):
-            target = output if output.is_contiguous() else output.contiguous()
             self._lossy_call(lambda on_miss: comm.reduce_scatter(flat_input, target, op=op_name(op),
                                                                  loss_budget=self.config.loss_budget,
                                                                  deadline=self.config.deadline,
                                                                  algorithm=self.config.algorithm, on_miss=on_miss))
         else:
             self.exact_calls += 1
-            reduced = flat_input.clone()
-            exact.allreduce(comm, reduced, op_name(op), deadline=self.config.deadline, collective=claim)
-            start, stop = comm.shard_range(reduced.numel())
-            target = reduced[start:stop]
+            exact.reduce_scatter(comm, flat_input, target.view(-1), op_name(op), deadline=self.config.deadline,
+                                 collective=claim)
         if target.data_ptr() != output.data_ptr():
             output.copy_(target.view(output.shape))
 
