@@ -91,10 +91,11 @@ struct udt_collective_args {
      * a miss (the torch layer's on_budget_miss). Part of the layout every rank must share. */
     uint32_t write_on_budget_miss;
     /* Nonzero (allreduce or reduce_scatter, direct algorithm, float32 or float64, sum or mean, loss
-     * budget 0, not with write_on_budget_miss): the owner keeps each rank's contribution to its block apart and
-     * reduces them in rank order in double precision, dividing a mean before it rounds once to
-     * the caller's type. These are the bits ud_transport.exact's own forms give, so one such call
-     * can go first and they can follow where it fails. Part of the layout every rank must share. */
+     * budget 0, not with write_on_budget_miss): the owner keeps each rank's contribution to its
+     * block apart and reduces them in rank order in double precision, dividing a mean before it
+     * rounds once to the caller's type. These are the bits ud_transport.exact's own forms give, so
+     * one such call can go first and they can follow where it fails. Part of the layout every
+     * rank must share. */
     uint32_t reduce_in_rank_order;
 };
 

@@ -79,13 +79,16 @@ def timed(comm, config):
     handed = [torch.full((count // n,), float(q)) for q in range(n)] if comm.rank == 0 else None
     integers = torch.empty(count, dtype=torch.int32)  # the exact allreduce's tensor: every rank's r + 1
     floats = torch.empty(count, dtype=torch.float32)  # the same as float32 (sums of small integers are exact)
-    shard_start, shard_stop = comm.shard_range(count)
-    reduced_shard = torch.empty(shard_stop - shard_start, dtype=torch.float32)  # a reduce_scatter's output
+    scattered = floats[:count // n * n]  # a reduce_scatter's input: Gloo's needs n equal shards
+    reduced_shard = torch.empty(count // n, dtype=torch.float32)  # its output, this rank's shard
+    fallback_form = "sharded" if exact.sharded_saving(scattered.nbytes, n) >= exact.SHARDED_SAVING_MIN_BYTES else "gathered"
 
-    def reduce_scatter_via_allreduce():  # what an exact reduce_scatter was until it had a form of its own
-        whole = floats.clone()
-        calls = len(exact.allreduce(comm, whole, "sum", form="sharded"))
-        reduced_shard.copy_(whole[shard_start:shard_stop])
+    def reduce_scatter_via_allreduce():
+        """exact.reduce_scatter's fallback: the exact allreduce of a copy, in the form it takes by size, whose
+        shard is kept (before ca993e1, what the backend ran for every exact float reduce_scatter)"""
+        whole = scattered.clone()
+        calls = len(exact.allreduce(comm, whole, "sum", form=fallback_form))
+        reduced_shard.copy_(whole[comm.rank * (count // n):(comm.rank + 1) * (count // n)])
         return calls
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
 
@@ -119,10 +122,10 @@ def timed(comm, config):
         "ud allreduce_float sharded": lambda: len(exact.allreduce(comm, floats, "sum", form="sharded")),
         "gloo allreduce_float": lambda: (dist.all_reduce(floats), 1)[1],
         # float32 SUM reduce_scatter made exact: the engine's reduce_scatter in rank order, against
-        # the exact allreduce of a copy whose shard is kept (the form it falls back to)
-        "ud reduce_scatter_float": lambda: len(exact.reduce_scatter(comm, floats, reduced_shard, "sum")),
+        # the exact allreduce of a copy whose shard is kept (the form it falls back to, by size)
+        "ud reduce_scatter_float": lambda: len(exact.reduce_scatter(comm, scattered, reduced_shard, "sum")),
         "ud reduce_scatter_float via allreduce": reduce_scatter_via_allreduce,
-        "gloo reduce_scatter_float": lambda: (dist.reduce_scatter_tensor(reduced_shard, floats), 1)[1],
+        "gloo reduce_scatter_float": lambda: (dist.reduce_scatter_tensor(reduced_shard, scattered), 1)[1],
         "ud gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["ud"]), None)[1],
         "gloo gather": lambda: (dist.gather(shard, listed, dst=0, group=groups["gloo"]), 1)[1],
         "ud scatter": lambda: (dist.scatter(own, handed, src=0, group=groups["ud"]), None)[1],

@@ -165,6 +165,21 @@ def reduce_scatters(comm, count, dtype, op):
     return engine.numpy().tobytes(), shard.numpy().tobytes(), [s.collective for s in stats]
 
 
+def reduce_scatter_strided_and_int32(comm, count):
+    """exact.reduce_scatter of a strided float32 input (every other element of a longer tensor)
+    and of an int32 sum: (float32 shard bytes, its input unchanged, int32 shard bytes, the int32
+    call's engine collectives)."""
+    start, stop = comm.shard_range(count)
+    wide = inputs(comm.rank, count, "float32").repeat_interleave(2)
+    strided = wide[::2]
+    shard = torch.empty(stop - start, dtype=torch.float32)
+    exact.reduce_scatter(comm, strided, shard, "sum", deadline=20.0)
+    kept = torch.equal(strided, inputs(comm.rank, count, "float32"))
+    integers = torch.empty(stop - start, dtype=torch.int32)
+    stats = exact.reduce_scatter(comm, inputs(comm.rank, count, "int32"), integers, "sum", deadline=20.0)
+    return shard.numpy().tobytes(), kept, integers.numpy().tobytes(), [s.collective for s in stats]
+
+
 def reduce_scatter_shards(comm, count, dtype, op, calls):
     """`calls` exact.reduce_scatter calls in a row: per call, this rank's shard as bytes and the
     engine collectives the call ran."""

@@ -177,6 +177,18 @@ def test_reduce_in_rank_order_refuses_what_it_cannot_take_and_keeps_the_tensor()
     assert outcomes == [("ValueError", True)] * 5, outcomes
 
 
+def test_an_exact_reduce_scatter_takes_strided_inputs_and_int32_sums():
+    world, count = 3, 1009
+    with LocalCluster(world, chunk_bytes=256) as cluster:
+        results = cluster.run(exact_allreduce_tasks.reduce_scatter_strided_and_int32, count, timeout_s=60)
+    total = sum(exact_allreduce_tasks.inputs(rank, count, "int32").numpy() for rank in range(world)).astype(np.int32)
+    for rank, (shard, kept, integers, collectives) in enumerate(results):
+        start, stop = ud_transport._native.block_start(count, world, rank), ud_transport._native.block_start(count, world,
+                                                                                                          rank + 1)
+        assert shard == exact_allreduce_tasks.shard_in_rank_order(rank, world, count, "float32", "sum") and kept, rank
+        assert integers == total[start:stop].tobytes() and collectives == ["reduce_scatter"], rank
+
+
 def test_an_exact_reduce_scatter_under_loss_keeps_the_allreduces_bits():
     """Under 5% injected loss the engine's reduce_scatter misses its budget of 0 and the exact
     allreduce of a copy follows: each rank's shard still has the rank-order bits, and the next

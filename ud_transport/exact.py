@@ -737,7 +737,7 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
     return calls + stats
 
 
-@staging.stages(reads=("tensor",), writes=("output",))
+@staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def reduce_scatter(comm, tensor, output, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=None,
                    collective="reduce_scatter"):
@@ -759,7 +759,7 @@ def reduce_scatter(comm, tensor, output, op="sum", *, attempts=DEFAULT_ATTEMPTS,
     calls, form = [], "auto"
     backoff = _EngineBackoff.of(comm)
     if engine_applies and backoff.try_now():
-        flat = source.reshape(-1)
+        flat = source.view(-1) if source.is_contiguous() else source.reshape(-1).clone()  # the engine reads whole rows
         shard = target.view(-1) if target.is_contiguous() else target.reshape(-1).clone()
         if _engine_first(backoff, calls, lambda: comm.reduce_scatter(
                 flat, shard, op=name, loss_budget=0.0, deadline=deadline, reduce_in_rank_order=in_rank_order,
