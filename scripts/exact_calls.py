@@ -81,7 +81,7 @@ def timed(comm, config):
     floats = torch.empty(count, dtype=torch.float32)  # the same as float32 (sums of small integers are exact)
     scattered = floats[:count // n * n]  # a reduce_scatter's input: Gloo's needs n equal shards
     reduced_shard = torch.empty(count // n, dtype=torch.float32)  # its output, this rank's shard
-    fallback_form = "sharded" if exact.sharded_saving(scattered.nbytes, n) >= exact.SHARDED_SAVING_MIN_BYTES else "gathered"
+    fallback_form = exact.form_by_size(scattered.nbytes, n)
 
     def reduce_scatter_via_allreduce():
         """exact.reduce_scatter's fallback: the exact allreduce of a copy, in the form it takes by size, whose

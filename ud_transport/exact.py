@@ -717,7 +717,7 @@ def allreduce(comm, tensor, op="sum", *, attempts=DEFAULT_ATTEMPTS, deadline=Non
         form = "auto"
     flat = wrapped.reshape(-1).clone()  # the input as given (a failed engine call put it back)
     if form in ("auto", "engine"):
-        form = "sharded" if sharded_saving(flat.nbytes, n) >= SHARDED_SAVING_MIN_BYTES else "gathered"
+        form = form_by_size(flat.nbytes, n)
     claim = (collective, name, str(flat.dtype), form)
     if form == "gathered":
         gathered = torch.empty((n, flat.numel()), dtype=flat.dtype)
@@ -768,11 +768,16 @@ def reduce_scatter(comm, tensor, output, op="sum", *, attempts=DEFAULT_ATTEMPTS,
                 target.copy_(shard.view(target.shape))
             return calls
     if engine_applies:  # the form allreduce's "auto" would take, without looking at the backoff again
-        form = "sharded" if sharded_saving(source.nbytes, comm.world_size) >= SHARDED_SAVING_MIN_BYTES else "gathered"
+        form = form_by_size(source.nbytes, comm.world_size)
     reduced = source.reshape(-1).clone()
     calls += allreduce(comm, reduced, name, attempts=attempts, deadline=deadline, collective=collective, form=form)
     target.copy_(reduced[start:stop].view(target.shape))
     return calls
+
+
+def form_by_size(nbytes, world_size):
+    """The exact allreduce form "auto" takes when the engine's one call is not made or failed."""
+    return "sharded" if sharded_saving(nbytes, world_size) >= SHARDED_SAVING_MIN_BYTES else "gathered"
 
 
 def _reduction(op):
@@ -808,8 +813,8 @@ def _engine_first(backoff, calls, call):
 
 
 class _EngineBackoff:
-    """When an exact allreduce (an int32 sum, a float sum or mean in rank order) tries the
-    engine's one-call allreduce first. Each failed attempt (some contribution lost: the call is
+    """When an exact allreduce or reduce_scatter (an int32 sum, a float sum or mean in rank
+    order) tries the engine's one call first. Each failed attempt (some contribution lost: the call is
     then repeated in an exact form) doubles the number of calls that skip it, up to 64; a
     success resets it. Every rank sees the same agreed outcomes
     in the same order, so every rank skips the same calls. So does a LayoutMismatch since the
