@@ -38,11 +38,15 @@ def direct_calls(comm, count):
     floats = torch.ones(count)
     integers = torch.ones(count, dtype=torch.int32)
     message = torch.full((count,), float(comm.rank))
+    n = comm.world_size
+    pieces = torch.ones(n * count)
     return {
         "agree": lambda: comm._run(_agree_code(), None, None, 0, agree_value=1, loss_budget=0.0, deadline=5.0),
         "allreduce float32 (lossy)": lambda: comm.allreduce(floats.fill_(1.0), loss_budget=0.1),
         "exact.allreduce int32": lambda: exact.allreduce(comm, integers.fill_(1), "sum")[-1],
         "exact.broadcast": lambda: exact.broadcast(comm, message, 0)[-1],
+        "exact.gather": lambda: exact.gather(comm, message, pieces if comm.rank == 0 else None, 0)[-1],
+        "exact.scatter": lambda: exact.scatter(comm, pieces if comm.rank == 0 else None, message, 0)[-1],
     }
 
 
@@ -74,6 +78,9 @@ def group_calls(comm, count, backend):
         "broadcast": lambda: dist.broadcast(message, 0, group=group),
         "barrier": lambda: dist.barrier(group=group),
     }
+    listed = [torch.empty(count) for _ in range(n)]
+    calls["gather"] = lambda: dist.gather(message, listed if comm.rank == 0 else None, dst=0, group=group)
+    calls["scatter"] = lambda: dist.scatter(inbox, listed if comm.rank == 0 else None, src=0, group=group)
     if n > 1:
         calls["send/recv (a ring shift)"] = shift
     return calls

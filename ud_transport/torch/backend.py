@@ -380,9 +380,9 @@ class ProcessGroupUD(dist.ProcessGroup):
         return self._submit(run, tensors, inline=_small(tensors), staged=staged, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._gather_into_lists("all_gather", output_tensors, input_tensors)
+        return self._gather_into_lists("all_gather", output_tensors, input_tensors, opts=opts)
 
-    def _gather_into_lists(self, what, output_lists, input_tensors, root=None, result=None):
+    def _gather_into_lists(self, what, output_lists, input_tensors, root=None, result=None, opts=None):
         """all_gather (root None: every rank's lists) or gather (only the root's lists: an exact
         gather, each shard sent once, to the root); output_lists[input][rank]. `result`: what the
         Work's future carries, if not the outputs in that order."""
@@ -410,7 +410,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                     output.copy_(gathered[rank].view(output.shape))
         if result is None:
             result = outputs_kept if keeps else list(input_tensors)
-        return self._submit(run, result, staged=staged)
+        return self._submit(run, result, inline=_small(outputs_kept + list(input_tensors)), staged=staged, opts=opts)
 
     def _allgather_base(self, output, shard, opts=None):
         with self._refusing():
@@ -421,7 +421,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
         def run():  # pairs with an all_gather of one input: the same call
             self._gather_one(staged.host(output), staged.host(shard), _claim("all_gather", 0, [shard]))
-        return self._submit(run, output, staged=staged)
+        return self._submit(run, output, inline=_small([output]), staged=staged, opts=opts)
 
     def allgather_into_tensor_coalesced(self, outputs, shards, opts=None):
         with self._refusing():
@@ -434,7 +434,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for index, (output, shard) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(shards)))):
                 self._gather_one(output, shard, _claim("all_gather", index, shards))
-        return self._submit(run, outputs, staged=staged)
+        return self._submit(run, outputs, inline=_small(outputs), staged=staged, opts=opts)
 
     # torch 2.13 calls these for all_gather_into_tensor / reduce_scatter_tensor / their coalesced forms
     all_gather_single = _allgather_base
@@ -448,7 +448,7 @@ class ProcessGroupUD(dist.ProcessGroup):
                                  f"{len(input_list)} tensors (one per input), got {[len(o) for o in output_lists]}")
         by_input = [[output_lists[rank][index] for rank in range(self.size())] for index in range(len(input_list))]
         return self._gather_into_lists("all_gather", by_input, input_list,
-                                       result=[t for outputs in output_lists for t in outputs])
+                                       result=[t for outputs in output_lists for t in outputs], opts=opts)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -467,7 +467,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             for index, (output, pieces) in enumerate(zip(staged.hosts(list(output_tensors)), staged.hosts(list(input_lists)))):
                 self._reduce_scatter_one(output, torch.cat([p.reshape(-1) for p in pieces]), op,
                                          _claim("reduce_scatter", index, output_tensors, typed=True))
-        return self._submit(run, output_tensors, staged=staged)
+        return self._submit(run, output_tensors, inline=_small([p for pieces in input_lists for p in pieces]),
+                            staged=staged, opts=opts)
 
     def _reduce_scatter_base(self, output, flat_input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -481,7 +482,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             self._reduce_scatter_one(staged.host(output), staged.host(flat_input).reshape(-1).contiguous(), op,
                                      _claim("reduce_scatter", 0, [output], typed=True))
-        return self._submit(run, output, staged=staged)
+        return self._submit(run, output, inline=_small([flat_input]), staged=staged, opts=opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -499,7 +500,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             for index, (output, flat_input) in enumerate(zip(staged.hosts(list(outputs)), staged.hosts(list(inputs)))):
                 self._reduce_scatter_one(output, flat_input.reshape(-1).contiguous(), op,
                                          _claim("reduce_scatter", index, outputs, typed=True))
-        return self._submit(run, outputs, staged=staged)
+        return self._submit(run, outputs, inline=_small(inputs), staged=staged, opts=opts)
 
     def _check_reduce_scatter_sizes(self, output, flat_input):
         if flat_input.numel() != output.numel() * self.size():
@@ -530,10 +531,11 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self.exact_calls += 1
                 composite.reduce(self.communicator, tensor, op, root, self.config.deadline,
                                  _claim("reduce", index, tensors, typed=True))
-        return self._submit(run, tensors, staged=staged)
+        return self._submit(run, tensors, inline=_small(tensors), staged=staged, opts=opts)
 
     def gather(self, output_lists, input_tensors, opts=None):
-        return self._gather_into_lists("gather", output_lists, input_tensors, opts.rootRank if opts is not None else 0)
+        return self._gather_into_lists("gather", output_lists, input_tensors, opts.rootRank if opts is not None else 0,
+                                       opts=opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -550,7 +552,8 @@ class ProcessGroupUD(dist.ProcessGroup):
                 self.exact_calls += 1
                 composite.scatter(self.communicator, output, staged.hosts(list(input_lists[index])) if on_root else [],
                                   root, self.config.deadline, _claim("scatter", index, output_tensors))
-        return self._submit(run, output_tensors, staged=staged)
+        pieces = [p for pieces in input_lists for p in pieces] if on_root else []
+        return self._submit(run, output_tensors, inline=_small(list(output_tensors) + pieces), staged=staged, opts=opts)
 
     def alltoall_base(self, output, source, output_splits, input_splits, opts=None):
         with self._refusing():
@@ -563,7 +566,7 @@ class ProcessGroupUD(dist.ProcessGroup):
             self.exact_calls += 1
             composite.all_to_all(self.communicator, staged.host(output), staged.host(source), output_splits, input_splits,
                                  self.config.deadline)
-        return self._submit(run, output, staged=staged)
+        return self._submit(run, output, inline=_small([source, output]), staged=staged, opts=opts)
 
     all_to_all_single = alltoall_base
 
@@ -587,7 +590,8 @@ class ProcessGroupUD(dist.ProcessGroup):
             composite.all_to_all(self.communicator, received, source, output_splits, input_splits, self.config.deadline)
             for output, piece in zip(staged.hosts(list(output_tensors)), received.split(output_splits)):
                 output.copy_(piece.view(output.shape))
-        return self._submit(run, output_tensors, staged=staged)
+        return self._submit(run, output_tensors, inline=_small(list(output_tensors) + list(input_tensors)), staged=staged,
+                            opts=opts)
 
     def send(self, tensors, dstRank, tag=0):
         tensor = self._message_tensor("send", tensors, dstRank)
