@@ -31,13 +31,15 @@ def test_dtypes_must_match():
 
 
 def test_the_table_pairs_each_send_with_its_receive():
-    # rows: rank's sends to 0, 1 | receives from 0, 1 | elements per row
-    agreeing = torch.tensor([[1, 3, 1, 2, 4], [2, 0, 3, 0, 4]])
+    # rows: rank's sends to 0, 1 | receives from 0, 1 | elements per row | bytes per element
+    agreeing = torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 4, 4]])
     composite._check_table(agreeing, 2)
     with pytest.raises(ValueError, match="rank 1 sends 2 rows to rank 0, which expects 1"):
-        composite._check_table(torch.tensor([[1, 3, 1, 1, 4], [2, 0, 3, 0, 4]]), 2)
+        composite._check_table(torch.tensor([[1, 3, 1, 1, 4, 4], [2, 0, 3, 0, 4, 4]]), 2)
     with pytest.raises(ValueError, match=r"rows differ in size \(\[4, 2\] elements\)"):
-        composite._check_table(torch.tensor([[1, 3, 1, 2, 4], [2, 0, 3, 0, 2]]), 2)
+        composite._check_table(torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 2, 4]]), 2)
+    with pytest.raises(ValueError, match=r"elements differ in size \(\[4, 8\] bytes\)"):
+        composite._check_table(torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 4, 8]]), 2)
 
 
 def test_scatter_pieces_match_the_output():

@@ -654,3 +654,26 @@ def test_a_small_synchronous_call_runs_on_its_callers_thread_and_an_asynchronous
     for out in get_cluster(2, chunk_bytes=256).run(torch_tasks.where_calls_run, tag()):
         assert out == {"small, synchronous": (True, True), "small, asynchronous": (False, True),
                        "large, synchronous": (False, True)}, out
+
+
+ALL_TO_ALL_CALLS = {  # engine calls per case without loss (tests/torch_tasks.py::all_to_all_calls)
+    "even, the group's first": 2, "even again": 1, "even, sizes given": 1, "uneven, within the width": 1,
+    "even after uneven": 2, "even, the same": 1, "even, wider": 2, "uneven, wider": 1, "even, no rows": 1,
+    "even, one": 2, "even, one again": 1, "even after a refusal": 2, "even after a refusal, again": 1}
+
+
+@pytest.mark.parametrize("world, loss", [(2, 0.0), (3, 0.0), (3, 0.1)])
+def test_all_to_all_single_is_one_engine_call_where_its_pieces_fit_the_last_even_width(world, loss):
+    """Every rank's split sizes travel in the first call, at the head of each piece; where the
+    group's last all_to_all was even everywhere and this one's pieces fit its width, that call
+    carries the pieces too and is the whole exchange. Each branch, in order: the right rows on
+    every rank, the engine calls counted without loss, a refusal on one rank forgotten alike
+    everywhere (the next call pairs), and every piece right under 10% injected loss too."""
+    inject = ud_transport.Bernoulli(loss, seed=13) if loss else None
+    for rank, out in enumerate(get_cluster(world, chunk_bytes=256).run(torch_tasks.all_to_all_calls, tag(), inject)):
+        assert out.pop("refused on rank 0") == ("ValueError" if rank == 0 else "LayoutMismatch"), (rank, out)
+        for case, (calls, right) in out.items():
+            assert right, (rank, case, out)
+            if not loss:
+                assert calls == ALL_TO_ALL_CALLS[case], (rank, case, calls)
+        assert set(out) == set(ALL_TO_ALL_CALLS)

@@ -1181,3 +1181,61 @@ def replicate_every_mismatch(comm, every_by_rank):
     except ValueError as caught:
         error = str(caught)
     return error, all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def all_to_all_calls(comm, tag, inject=None):
+    """all_to_all_single on a "ud" group, in an order that takes every branch of its first call's
+    width (composite.all_to_all): per case, (engine calls it made, what this rank's output holds
+    equals what the senders sent it). A call whose pieces fit the width the last all-even call
+    agreed on is one engine call; the first of a group, one after uneven pieces or wider ones, and
+    one after a LayoutMismatch are two (the split sizes, then the pieces)."""
+    n, r = comm.world_size, comm.rank
+    options = udt.BackendOptions(deadline=20.0, communicator={"inject": inject, "chunk_bytes": comm.options.chunk_bytes})
+    out = {}
+    with gloo_world(comm, f"a2a-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=options)
+        communicator = group.communicator
+
+        def call(name, rows_to, width=3, **splits):
+            """Rank r sends rows_to(r, q) rows of `width` to rank q, each row filled with 100 r + q."""
+            source = torch.cat([torch.full((rows_to(r, q), width), 100.0 * r + q) for q in range(n)])
+            expected = torch.cat([torch.full((rows_to(p, r), width), 100.0 * p + r) for p in range(n)])
+            output = torch.full_like(expected, -1.0)
+            before = communicator.sequence
+            try:
+                dist.all_to_all_single(output, source, group=group, **splits)
+                out[name] = (communicator.sequence - before, torch.equal(output, expected))
+            except Exception as error:  # noqa: BLE001 (the test reads what it was)
+                out[name] = (type(error).__name__, torch.equal(output, torch.full_like(expected, -1.0)))
+
+        def even(rows):
+            return lambda p, q: rows
+
+        def uneven(p, q):
+            return 1 + (p + 2 * q) % 3
+
+        call("even, the group's first", even(2))
+        call("even again", even(2))
+        call("even, sizes given", even(2), output_split_sizes=[2] * n, input_split_sizes=[2] * n)
+        call("uneven, within the width", lambda p, q: 1 + (p + q) % 2,
+             output_split_sizes=[1 + (p + r) % 2 for p in range(n)], input_split_sizes=[1 + (r + q) % 2 for q in range(n)])
+        call("even after uneven", even(2))
+        call("even, the same", even(2))
+        call("even, wider", even(5))
+        call("uneven, wider", uneven, output_split_sizes=[uneven(p, r) for p in range(n)],
+             input_split_sizes=[uneven(r, q) for q in range(n)])
+        call("even, no rows", even(0))
+        call("even, one", even(1))
+        call("even, one again", even(1))
+        # refused on rank 0 alone (5 rows for 2 or more ranks, no sizes): the others' call ends in
+        # LayoutMismatch; the next even call must pair on every rank (the width is forgotten alike)
+        refused = torch.zeros(5 if r == 0 else n, 3)
+        try:
+            dist.all_to_all_single(torch.empty_like(refused), refused, group=group)
+            out["refused on rank 0"] = "no error"
+        except Exception as error:  # noqa: BLE001
+            out["refused on rank 0"] = type(error).__name__
+        dist.barrier(group=group)  # rank 0's round in the refused call's place is queued: let it end first
+        call("even after a refusal", even(1))
+        call("even after a refusal, again", even(1))
+    return out
