@@ -131,13 +131,16 @@ def _padded(flat, sends, row_bytes, width, header=None):
     sends its pieces again in a second call."""
     n = len(sends)
     head = 0 if header is None else _header_bytes(n)
-    rows = torch.zeros((n, head + width), dtype=torch.uint8)
+    rows = torch.empty((n, head + width), dtype=torch.uint8)  # each byte written once below
     if header is not None:
         rows[:, :head] = torch.from_numpy(np.array(header, dtype=np.int64).view(np.uint8))
-    if max(sends, default=0) * row_bytes > width:
+    if min(sends) == max(sends) and sends[0] * row_bytes <= width:  # even: one copy
+        piece = sends[0] * row_bytes
+        rows[:, head:head + piece] = flat.view(n, piece)
+        rows[:, head + piece:].zero_()  # a kept buffer's bytes are not the peers' to read
         return rows
-    if min(sends, default=0) == max(sends, default=0):  # even: one copy
-        rows[:, head:head + sends[0] * row_bytes] = flat.view(n, -1)
+    rows[:, head:].zero_()
+    if max(sends) * row_bytes > width:
         return rows
     for receiver, piece in enumerate(flat.split([count * row_bytes for count in sends])):
         rows[receiver, head:head + piece.numel()] = piece
