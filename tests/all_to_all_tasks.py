@@ -48,7 +48,9 @@ def chunk_ranges_of(comm, count):
 
 def exact_exchanges(comm, nbytes, dtype_name, calls, in_place):
     """exact.all_to_all of `nbytes` per rank, `calls` times: per call whether the output is what
-    the others sent, and the chunks each of its engine calls expected (the first, then repairs)."""
+    the others sent, and the chunks each of its engine calls expected (the first, then repairs).
+    `in_place`: True, False, or "scratch" (an output apart, passed as scratch_output: the pieces
+    land in it directly where its blocks are whole words)."""
     dtype = getattr(torch, dtype_name)
     n = comm.world_size
     count = nbytes // dtype.itemsize
@@ -58,8 +60,8 @@ def exact_exchanges(comm, nbytes, dtype_name, calls, in_place):
             generator = torch.Generator().manual_seed(1000 * call + rank)
             return torch.randint(-100, 100, (count,), generator=generator).to(dtype)
         tensor = sent(comm.rank)
-        output = tensor if in_place else torch.full((count,), 7).to(dtype)
-        stats = exact.all_to_all(comm, tensor, output)
+        output = tensor if in_place is True else torch.full((count,), 7).to(dtype)
+        stats = exact.all_to_all(comm, tensor, output, scratch_output=in_place == "scratch")
         block = count // n
         want = torch.cat([sent(p)[comm.rank * block:(comm.rank + 1) * block] for p in range(n)])
         outcome.append((bool(torch.equal(output, want)), [call.chunks_total for call in stats]))

@@ -398,12 +398,16 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
 
 @staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
-def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all"):
+def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all",
+               scratch_output=False):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
     p of `output` takes rank p's block for this rank, exactly; each piece crosses the network
     once (``Communicator.all_to_all``). `output`, of `tensor`'s size, is written only on success
     and may be `tensor` itself. `collective`: what the caller's call is, checked across ranks with
-    the byte count (LayoutMismatch where they differ). Returns the stats of each call."""
+    the byte count (LayoutMismatch where they differ). `scratch_output`: `output` (not `tensor`)
+    is the caller's scratch, which a failed call may leave partly written: where its blocks are
+    whole 32-bit words, the pieces land in it directly, with no copy through a buffer. Returns
+    the stats of each call."""
     import torch
 
     n = comm.world_size
@@ -423,17 +427,21 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             rows[:, :block_bytes].copy_(words.view(torch.uint8)[:source.nbytes].view(n, block_bytes))
             rows[:, block_bytes:].zero_()  # a kept buffer's earlier contents are not the peers' to read
             words = padded
-        received = stack.enter_context(_borrowed(comm, n * width))
+        out_words, copy_back = as_words(target, writes=True)
+        straight = (scratch_output and 4 * width == block_bytes and out_words.data_ptr() == target.data_ptr()
+                    and target.data_ptr() != source.data_ptr())
+        received = out_words if straight else stack.enter_context(_borrowed(comm, n * width))
 
         def attempt(mask, copies):
             return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                   direct_output=True, layout_salt=salt)  # received is ours
+                                   direct_output=True, layout_salt=salt)  # received is ours (or the caller's scratch)
 
         stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline)
-        rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
-        out_words, copy_back = as_words(target, writes=True)
-        out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
-    copy_back()
+        if not straight:
+            rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
+            out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
+    if not straight:
+        copy_back()
     return stats
 
 

@@ -107,10 +107,11 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
         raise
 
 
-# The widest piece the first call of an all_to_all pads to: copying the pieces into a padded buffer
-# (~0.1 ms per 512 KiB on the 2-core build machine) costs less than the exchange of split sizes it
-# saves (one small exact call: ~0.5 ms at 2 ranks on loopback, ~14 ms at 8 on a bridge at MTU 1500).
-SPECULATED_PIECE_MAX_BYTES = 512 << 10
+# The widest piece the first call of an all_to_all pads to. Its pieces are copied into a padded
+# buffer and out of it, where the exchange of split sizes it saves is one small exact call. At 8
+# ranks on a bridge (MTU 1500) it saved a third of a 64 KiB call, and nothing of a 4 MiB one
+# (512 KiB pieces), whose copies on 2 cores cost what the exchange did (exact_allreduce.md).
+SPECULATED_PIECE_MAX_BYTES = 128 << 10
 # communicator -> (width the next all_to_all's first call pads its pieces to, layout_mismatches then)
 _speculated = weakref.WeakKeyDictionary()
 
@@ -154,7 +155,7 @@ def _pieces_with_splits(comm, flat, sends, row_bytes, header, width, deadline):
     source = _padded(flat, sends, row_bytes, width, header)
     received = torch.empty_like(source)
     exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline,
-                     collective=("all_to_all with splits", width))
+                     collective=("all_to_all with splits", width), scratch_output=True)
     # numpy: a few microseconds an operation on a table this small, where torch's take ~10
     table = received[:, :_header_bytes(n)].numpy().copy().view(np.int64)
     return table, received
@@ -164,7 +165,7 @@ def _pieces(comm, flat, sends, row_bytes, width, deadline):
     """The pieces again, padded to the widest `width`, where the first call's width was too small."""
     source = _padded(flat, sends, row_bytes, width)
     received = torch.empty_like(source)
-    exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline)
+    exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline, scratch_output=True)
     return received
 
 
