@@ -87,3 +87,38 @@ def test_a_tensor_of_no_elements_takes_its_empty_mask():
     as invalid arguments before)."""
     for done in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.empty_calls_with_masks):
         assert done == [("all_gather", 1.0), ("all_to_all", 1.0)]
+
+
+def test_a_scratch_output_takes_the_pieces_straight(monkeypatch):
+    """scratch_output: where the blocks are whole words and the output is apart from the input,
+    the pieces land in it with no buffer borrowed (and no copy out of one); otherwise as before.
+    One rank, in this process (what is checked is the exact layer's choice of buffer)."""
+    import torch
+
+    from ud_transport import exact
+
+    borrowed = []
+    real = exact._borrowed
+
+    def counting(comm, count):
+        borrowed.append(count)
+        return real(comm, count)
+    monkeypatch.setattr(exact, "_borrowed", counting)
+    import torch.distributed as dist
+
+    comm = ud_transport.init(0, 1, store=dist.HashStore(), bind_address="127.0.0.1")
+    try:
+        source = torch.arange(8, dtype=torch.float32)
+        for scratch, output, expected_borrows in ((True, torch.zeros(8), 0), (False, torch.zeros(8), 1),
+                                                  (True, source, 1)):  # in place: not straight
+            borrowed.clear()
+            exact.all_to_all(comm, source, output, scratch_output=scratch)
+            assert torch.equal(output, torch.arange(8, dtype=torch.float32)) and len(borrowed) == expected_borrows, (
+                scratch, borrowed)
+        bytes_ = torch.arange(6, dtype=torch.uint8)  # a block of 6 bytes is not whole words: padded, as before
+        out = torch.zeros(6, dtype=torch.uint8)
+        borrowed.clear()
+        exact.all_to_all(comm, bytes_, out, scratch_output=True)
+        assert torch.equal(out, bytes_) and len(borrowed) == 2
+    finally:
+        comm.close()

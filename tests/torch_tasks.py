@@ -1189,6 +1189,8 @@ def all_to_all_calls(comm, tag, inject=None):
     equals what the senders sent it). A call whose pieces fit the width the last all-even call
     agreed on is one engine call; the first of a group, one after uneven pieces or wider ones, and
     one after a LayoutMismatch are two (the split sizes, then the pieces)."""
+    from ud_transport.torch import composite
+
     n, r = comm.world_size, comm.rank
     options = udt.BackendOptions(deadline=20.0, communicator={"inject": inject, "chunk_bytes": comm.options.chunk_bytes})
     out = {}
@@ -1222,11 +1224,21 @@ def all_to_all_calls(comm, tag, inject=None):
         call("even after uneven", even(2))
         call("even, the same", even(2))
         call("even, wider", even(5))
-        call("uneven, wider", uneven, output_split_sizes=[uneven(p, r) for p in range(n)],
+        call("uneven, within the wider width", uneven, output_split_sizes=[uneven(p, r) for p in range(n)],
              input_split_sizes=[uneven(r, q) for q in range(n)])
+        call("even, wider again", even(5))
+
+        def wider(p, q):
+            return 4 + (p + 2 * q) % 3  # up to 6 rows of 12 bytes: past the 60 of five
+
+        call("uneven, wider than the width", wider, output_split_sizes=[wider(p, r) for p in range(n)],
+             input_split_sizes=[wider(r, q) for q in range(n)])
         call("even, no rows", even(0))
         call("even, one", even(1))
         call("even, one again", even(1))
+        over = composite.SPECULATED_PIECE_MAX_BYTES // 12 + 1  # rows of 12 bytes: a piece past the cap
+        call("even, pieces past the cap", even(over))
+        call("even, pieces past the cap again", even(over))
         # refused on rank 0 alone (5 rows for 2 or more ranks, no sizes): the others' call ends in
         # LayoutMismatch; the next even call must pair on every rank (the width is forgotten alike)
         refused = torch.zeros(5 if r == 0 else n, 3)

@@ -91,7 +91,7 @@ def _borrowed(comm, count):
 
     free = _buffers.setdefault(comm, [])  # smallest first
     fitting = next((index for index, buffer in enumerate(free) if buffer.numel() >= count), None)
-    buffer = free.pop(fitting) if fitting is not None else torch.empty(count, dtype=torch.int32)
+    buffer = free.pop(fitting) if fitting is not None else torch.empty(count, dtype=torch.int32, device="cpu")
     try:
         yield buffer[:count]
     finally:
@@ -152,6 +152,12 @@ def _as_torch(tensor, writes=False):
     if writes:
         tensors.refuse_read_only(tensor)
     return torch.from_numpy(tensor)
+
+
+def _overlap(first, second):
+    """Whether two CPU tensors' memory ranges meet."""
+    start, other = first.data_ptr(), second.data_ptr()
+    return start < other + second.nbytes and other < start + first.nbytes
 
 
 def _bytes_of(tensor):
@@ -429,7 +435,7 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             words = padded
         out_words, copy_back = as_words(target, writes=True)
         straight = (scratch_output and 4 * width == block_bytes and out_words.data_ptr() == target.data_ptr()
-                    and target.data_ptr() != source.data_ptr())
+                    and not _overlap(target, source))
         received = out_words if straight else stack.enter_context(_borrowed(comm, n * width))
 
         def attempt(mask, copies):

@@ -399,7 +399,7 @@ class ProcessGroupUD(dist.ProcessGroup):
 
         def run():
             for index, shard in enumerate(staged.hosts(list(input_tensors))):
-                gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype) if keeps else None
+                gathered = torch.empty((self.size(), shard.numel()), dtype=shard.dtype, device="cpu") if keeps else None
                 if root is None:
                     self._gather_one(gathered, shard, _claim(what, index, input_tensors))
                 else:
@@ -586,7 +586,7 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():  # reads the inputs here, in issue order, as every other call does
             self.exact_calls += 1
             source = torch.cat([t.reshape(-1) for t in staged.hosts(list(input_tensors))])
-            received = torch.empty(sum(output_splits), dtype=source.dtype)
+            received = torch.empty(sum(output_splits), dtype=source.dtype, device="cpu")
             composite.all_to_all(self.communicator, received, source, output_splits, input_splits, self.config.deadline)
             for output, piece in zip(staged.hosts(list(output_tensors)), received.split(output_splits)):
                 output.copy_(piece.view(output.shape))

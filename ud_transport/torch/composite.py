@@ -76,9 +76,9 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     sender's split sizes, so every rank reads every rank's and checks them against each other: a
     mismatch is the same `ValueError` on every rank.
 
-    That first call's pieces are padded to the width the group's last all_to_all agreed on where
-    every one of its pieces was full (an even split everywhere, the steady state of a training
-    loop): where this call's pieces fit, the first call is the whole exchange. Otherwise (the first
+    That first call's pieces are padded to the width of the group's last all_to_all if every one
+    of its pieces was full (an even split everywhere, the steady state of a training loop; after
+    an uneven call, none): where this call's pieces fit, the first call is the whole exchange. Otherwise (the first
     call of a group, uneven pieces before, wider ones now) it carries the split sizes alone, and
     the pieces follow in a second call, padded to the largest (or straight from `source` where
     every piece is full). The width is chosen from agreed tables only, so every rank makes the
@@ -87,24 +87,22 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
     element = source.element_size()
     row_bytes = row * element
-    flat = source.contiguous().view(-1).view(torch.uint8)
+    flat = source.resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8)
     width = _speculated_width(comm)
-    try:
-        table, pieces = _pieces_with_splits(comm, flat, sends, row_bytes, sends + receives + [row, element], width,
-                                            deadline)
-        _check_table(table, n)
-        widest = int(table[:, :n].max()) * row_bytes  # the largest piece any rank sends any rank
-        full = bool((table[:, :2 * n] * row_bytes == widest).all())  # every piece that wide: no padding
-        _speculated[comm] = (widest if full and widest <= SPECULATED_PIECE_MAX_BYTES else 0, comm.layout_mismatches)
-        if widest == 0 or widest <= width:
-            _copy_out(output, pieces, receives, row_bytes, _header_bytes(n))
-        elif full:
-            exact.all_to_all(comm, source, output, deadline=deadline)  # rows split evenly = bytes split evenly
-        else:
-            _copy_out(output, _pieces(comm, flat, sends, row_bytes, widest, deadline), receives, row_bytes, 0)
-    except BaseException:
-        _speculated.pop(comm, None)
-        raise
+    # No error forgets the width here: an agreed one leaves every rank's alike, a LayoutMismatch
+    # forgets it everywhere (_speculated_width), and one rank's own (a torch error, an interrupt)
+    # would leave that rank's apart from the others' and fail the next, correct call.
+    table, pieces = _pieces_with_splits(comm, flat, sends, row_bytes, sends + receives + [row, element], width, deadline)
+    _check_table(table, n)
+    widest = int(table[:, :n].max()) * row_bytes  # the largest piece any rank sends any rank
+    full = bool((table[:, :2 * n] * row_bytes == widest).all())  # every piece that wide: no padding
+    _speculated[comm] = (widest if full and widest <= SPECULATED_PIECE_MAX_BYTES else 0, comm.layout_mismatches)
+    if widest == 0 or widest <= width:
+        _copy_out(output, pieces, receives, row_bytes, _header_bytes(n))
+    elif full:
+        exact.all_to_all(comm, source, output, deadline=deadline)  # rows split evenly = bytes split evenly
+    else:
+        _copy_out(output, _pieces(comm, flat, sends, row_bytes, widest, deadline), receives, row_bytes, 0)
 
 
 # The widest piece the first call of an all_to_all pads to. Its pieces are copied into a padded
@@ -132,7 +130,7 @@ def _padded(flat, sends, row_bytes, width, header=None):
     sends its pieces again in a second call."""
     n = len(sends)
     head = 0 if header is None else _header_bytes(n)
-    rows = torch.empty((n, head + width), dtype=torch.uint8)  # each byte written once below
+    rows = torch.empty((n, head + width), dtype=torch.uint8, device="cpu")  # each byte written once below
     if header is not None:
         rows[:, :head] = torch.from_numpy(np.array(header, dtype=np.int64).view(np.uint8))
     if min(sends) == max(sends) and sends[0] * row_bytes <= width:  # even: one copy
