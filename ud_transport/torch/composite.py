@@ -78,16 +78,17 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
 
     That first call's pieces are padded to the width of the group's last all_to_all if every one
     of its pieces was full (an even split everywhere, the steady state of a training loop; after
-    an uneven call, none): where this call's pieces fit, the first call is the whole exchange. Otherwise (the first
-    call of a group, uneven pieces before, wider ones now) it carries the split sizes alone, and
-    the pieces follow in a second call, padded to the largest (or straight from `source` where
-    every piece is full). The width is chosen from agreed tables only, so every rank makes the
+    an uneven call, none): where this call's pieces fit, the first call is the whole exchange.
+    Otherwise (the first call of a group, uneven pieces before, wider ones now) it carries the
+    split sizes alone, and the pieces follow in a second call, padded to the largest (or straight
+    from `source` where every piece is full). The width is chosen from agreed tables only, so every rank makes the
     same calls; a LayoutMismatch on the group (counted alike everywhere) forgets it."""
     n = comm.world_size
     row, sends, receives = plan_all_to_all(output, source, output_splits, input_splits, n)
     element = source.element_size()
     row_bytes = row * element
-    flat = source.resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8)
+    source = source.resolve_conj().resolve_neg()  # a conjugate view's bytes are not its values
+    flat = source.contiguous().view(-1).view(torch.uint8)
     width = _speculated_width(comm)
     # No error forgets the width here: an agreed one leaves every rank's alike, a LayoutMismatch
     # forgets it everywhere (_speculated_width), and one rank's own (a torch error, an interrupt)
