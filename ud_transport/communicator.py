@@ -12,7 +12,7 @@ from .deadline import DeadlineEstimator
 from .errors import LayoutMismatch, LossBudgetExceeded, PeerTimeout, TransportError
 from .options import STRIPE_MIN_BYTES, check_copies, check_stripes, credit_window_bytes
 from .stats import CollectiveStats
-from .tensors import DTYPE_CODES, estimator_code, op_code, view_of
+from .tensors import DTYPE_CODES, estimator_code, memory_meets, op_code, view_of
 
 log = logging.getLogger("ud_transport")
 
@@ -706,8 +706,7 @@ class Communicator:
         source, target = view_of(tensor), view_of(output)
         self._check_pair(source, target, source.count, "output", "tensor")
         self._check_all_to_all_count(source.count)
-        if direct_output and source.nbytes and source.address < target.address + target.nbytes \
-                and target.address < source.address + source.nbytes:
+        if direct_output and memory_meets(source.address, source.nbytes, target.address, target.nbytes):
             raise ValueError("all_to_all with direct_output needs an output apart from the tensor it sends")
         return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, source.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,

@@ -154,12 +154,6 @@ def _as_torch(tensor, writes=False):
     return torch.from_numpy(tensor)
 
 
-def _overlap(first, second):
-    """Whether two CPU tensors' memory ranges meet."""
-    start, other = first.data_ptr(), second.data_ptr()
-    return start < other + second.nbytes and other < start + first.nbytes
-
-
 def _bytes_of(tensor):
     view = tensors.view_of(tensor)
     if view.nbytes == 0:
@@ -435,7 +429,7 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             words = padded
         out_words, copy_back = as_words(target, writes=True)
         straight = (scratch_output and 4 * width == block_bytes and out_words.data_ptr() == target.data_ptr()
-                    and not _overlap(target, source))
+                    and not tensors.memory_meets(target.data_ptr(), target.nbytes, source.data_ptr(), source.nbytes))
         received = out_words if straight else stack.enter_context(_borrowed(comm, n * width))
 
         def attempt(mask, copies):

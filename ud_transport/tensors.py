@@ -153,6 +153,12 @@ def view_of(tensor):
     raise TypeError(f"collectives take a numpy array or a torch tensor, got {type(tensor).__name__}")
 
 
+def memory_meets(first_address, first_bytes, second_address, second_bytes):
+    """Whether two byte ranges of memory overlap (an empty one meets nothing)."""
+    return (first_bytes > 0 and second_bytes > 0 and first_address < second_address + second_bytes
+            and second_address < first_address + first_bytes)
+
+
 def op_name(op):
     """The lower-case name of a reduction given as a string, a
     torch.distributed.ReduceOp, or the RedOpType inside one."""

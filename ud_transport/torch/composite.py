@@ -93,7 +93,10 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     # No error forgets the width here: an agreed one leaves every rank's alike, a LayoutMismatch
     # forgets it everywhere (_speculated_width), and one rank's own (a torch error, an interrupt)
     # would leave that rank's apart from the others' and fail the next, correct call.
-    table, pieces = _pieces_with_splits(comm, flat, sends, row_bytes, sends + receives + [row, element], width, deadline)
+    pieces = _pieces(comm, flat, sends, row_bytes, width, deadline, header=sends + receives + [row, element])
+    # every rank's header, as the (n, 2n + 2) table; numpy: a few microseconds an operation on a
+    # table this small, where torch's take ~10
+    table = pieces[:, :_header_bytes(n)].numpy().copy().view(np.int64)
     _check_table(table, n)
     widest = int(table[:, :n].max()) * row_bytes  # the largest piece any rank sends any rank
     full = bool((table[:, :2 * n] * row_bytes == widest).all())  # every piece that wide: no padding
@@ -147,24 +150,15 @@ def _padded(flat, sends, row_bytes, width, header=None):
     return rows
 
 
-def _pieces_with_splits(comm, flat, sends, row_bytes, header, width, deadline):
-    """The first call: every piece headed by this rank's split sizes and padded to `width` bytes.
-    Returns (every rank's header, as the (n, 2n + 2) table; the pieces received, headers included)."""
-    n = comm.world_size
+def _pieces(comm, flat, sends, row_bytes, width, deadline, header=None):
+    """One exact all_to_all of this rank's pieces, each padded to `width` bytes (after `header`,
+    this rank's split sizes, in the first call; "all_to_all" alone in the second). Returns the
+    pieces received, headers included."""
     source = _padded(flat, sends, row_bytes, width, header)
     received = torch.empty_like(source)
-    exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline,
-                     collective=("all_to_all with splits", width), scratch_output=True)
-    # numpy: a few microseconds an operation on a table this small, where torch's take ~10
-    table = received[:, :_header_bytes(n)].numpy().copy().view(np.int64)
-    return table, received
-
-
-def _pieces(comm, flat, sends, row_bytes, width, deadline):
-    """The pieces again, padded to the widest `width`, where the first call's width was too small."""
-    source = _padded(flat, sends, row_bytes, width)
-    received = torch.empty_like(source)
-    exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline, scratch_output=True)
+    collective = "all_to_all" if header is None else ("all_to_all with splits", width)
+    exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline, collective=collective,
+                     scratch_output=True)
     return received
 
 
