@@ -114,3 +114,19 @@ def empty_calls_with_masks(comm):
         stats = call(comm.chunk_mask(name, empty))
         done.append((name, stats.gather_fraction))
     return done
+
+
+def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices):
+    """One exact.all_to_all of `nbytes` per rank for each `payload_bytes` in the list: (output
+    right, payload bytes this rank sent, every copy) for each."""
+    n = comm.world_size
+    tensor = torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * comm.rank
+    block = tensor.numel() // n
+    want = torch.cat([(torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * p)[comm.rank * block:(comm.rank + 1) * block]
+                      for p in range(n)])
+    outcome = []
+    for payload_bytes in payload_bytes_choices:
+        output = torch.zeros_like(tensor)
+        stats = exact.all_to_all(comm, tensor, output, payload_bytes=payload_bytes)
+        outcome.append((bool(torch.equal(output, want)), sum(call.payload_bytes_sent for call in stats)))
+    return outcome

@@ -77,6 +77,18 @@ def test_exact_all_to_all_completes_under_loss(loss, nbytes, dtype):
         assert max(len(chunks) for outcomes in per_rank for _, chunks in outcomes) > 1, "the loss must have cost more calls"
 
 
+def test_the_small_call_copies_follow_the_payload_not_the_headers():
+    """A call is small enough for SMALL_CALL_COPIES copies by its `payload_bytes` (what the caller
+    says is its data, headers aside), else by its size: 4 KiB over SMALL_CALL_BYTES goes once
+    alone, in the small call's copies when the caller counts only SMALL_CALL_BYTES of it."""
+    from ud_transport import exact
+
+    nbytes = exact.SMALL_CALL_BYTES + 4096
+    cluster = get_cluster(2, chunk_bytes=8192)  # 9 chunks: fewer than REPAIR_MIN_CHUNKS
+    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES]):
+        assert outcomes == [(True, nbytes // 2), (True, exact.SMALL_CALL_COPIES * nbytes // 2)]  # the peer's block
+
+
 def test_argument_errors_are_clear_and_send_nothing():
     for wrong in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors):
         assert wrong == [], wrong

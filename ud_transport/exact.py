@@ -399,15 +399,17 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
 @staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all",
-               scratch_output=False):
+               scratch_output=False, payload_bytes=None):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
     p of `output` takes rank p's block for this rank, exactly; each piece crosses the network
     once (``Communicator.all_to_all``). `output`, of `tensor`'s size, is written only on success
     and may be `tensor` itself. `collective`: what the caller's call is, checked across ranks with
     the byte count (LayoutMismatch where they differ). `scratch_output`: `output` (not `tensor`)
     is the caller's scratch, which a failed call may leave partly written: where its blocks are
-    whole 32-bit words, the pieces land in it directly, with no copy through a buffer. Returns
-    the stats of each call."""
+    whole 32-bit words, the pieces land in it directly, with no copy through a buffer.
+    `payload_bytes`: the caller's data in `tensor`, its own headers aside (all of it if None; the
+    same on every rank): what decides whether the call is small enough to go in
+    SMALL_CALL_COPIES copies. Returns the stats of each call."""
     import torch
 
     n = comm.world_size
@@ -436,7 +438,8 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                    direct_output=True, layout_salt=salt)  # received is ours (or the caller's scratch)
 
-        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline)
+        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline,
+                                source.nbytes if payload_bytes is None else payload_bytes)
         if not straight:
             rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
             out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
@@ -526,16 +529,17 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     return stats
 
 
-def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None):
+def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
     more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
-    out in SMALL_CALL_COPIES copies when it is at most SMALL_CALL_BYTES. Returns the stats of
-    each call."""
+    out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's) are at most
+    SMALL_CALL_BYTES. Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
     small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
-    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
+    sized = target.nbytes if payload_bytes is None else payload_bytes
+    copies = SMALL_CALL_COPIES if small and sized <= SMALL_CALL_BYTES else 1
     calls = [attempt(held, copies)]
     if calls[0].gather_fraction >= 1.0:  # agreed: every rank's least
         return calls
@@ -603,14 +607,14 @@ def _repair_rooted(comm, collective, target, held, first, attempts, deadline, ro
                              calls[-1] if calls else first)
 
 
-def _pieces_exactly(comm, attempt, source, target, attempts, deadline):
+def _pieces_exactly(comm, attempt, source, target, attempts, deadline, payload_bytes=None):
     """all_to_all of int32 `source` into `target` until every rank holds every piece: a call with
     a chunk mask, then repairs (or, below REPAIR_MIN_CHUNKS, whole calls again until no rank lacks
     a chunk, agreed). Unlike a broadcast's, every rank's result differs: completeness is read
     from the masks, never from comparing copies."""
     return _until_held(comm, "all_to_all", attempt, target, attempts, deadline,
                        repair=lambda held, first: _repair_pieces(comm, source, target, held, first, attempts - 1,
-                                                                 deadline))
+                                                                 deadline), payload_bytes=payload_bytes)
 
 
 def _repair_pieces(comm, source, target, held, first, attempts, deadline):
