@@ -20,6 +20,7 @@
 #include "engine_internal.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -538,11 +539,15 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
             continue;
         }
         /* Spin briefly before sleeping: a wake-up costs more than the next
-         * datagram usually takes to come. */
+         * datagram usually takes to come. Each turn yields the core to any
+         * thread that wants it (the model's, another rank's), so a spinning
+         * rank delays nobody by more than a turn. */
         if (!spin_started_ns)
             spin_started_ns = now;
-        if (now - spin_started_ns < udt_us(comm->options.busy_poll_us))
+        if (now - spin_started_ns < udt_us(comm->options.busy_poll_us)) {
+            sched_yield();
             continue;
+        }
         int64_t wait_us = wake > now ? (int64_t)((wake - now) / 1000) : 0;
         stats->idle_waits++;
         if (wait_us > 0 && udt_transport_wait(comm->transport, (int)(wait_us > 100000 ? 100000 : wait_us)) < 0)

@@ -63,7 +63,7 @@ def test_defaults_in_the_table_are_the_real_defaults(target):
 OPTION_VALUES = {"chunk_bytes": "1024", "window_bytes": "1048576", "socket_buffer_bytes": "2097152",
                  "bind_address": "127.0.0.2", "deadline_cap_s": "7.5", "default_loss_budget": "0.25",
                  "join_timeout_s": "12.0", "store_timeout_s": "9.0", "algorithm": "ring", "copies": "2",
-                 "stripes": "3", "in_place_min_bytes": "4096"}
+                 "stripes": "3", "in_place_min_bytes": "4096", "busy_poll_us": "25"}
 
 
 def test_each_option_variable_sets_its_option(monkeypatch):

@@ -1,6 +1,7 @@
 """Finding 12 of issue 10: end_repeats is bounded with a clear error, and the
 per-call sequence number wraps at 2**32 like any other increment (0 is an
-ordinary call, not "none")."""
+ordinary call, not "none"). busy_poll_us is bounded too, and its -1 spins only where a rank has
+a core of its own."""
 import pytest
 
 import tasks
@@ -25,6 +26,21 @@ def test_engine_refuses_too_many_end_repeats_itself():
 
 def test_most_end_repeats_allowed_work():
     assert options_module.build(end_repeats=_native.MAX_END_REPEATS).end_repeats == _native.MAX_END_REPEATS
+
+
+@pytest.mark.parametrize("value", [-2, 1_000_001])
+def test_busy_poll_out_of_bounds_is_refused_clearly(value):
+    with pytest.raises(ValueError, match="busy_poll_us must be -1"):
+        options_module.build(busy_poll_us=value)
+
+
+def test_busy_poll_auto_spins_only_on_a_core_of_the_rank_s_own():
+    auto = options_module.build()
+    assert auto.busy_poll_us == -1
+    assert auto.engine_options(1024, core_share=1)["busy_poll_us"] == options_module.AUTO_BUSY_POLL_US > 0
+    assert auto.engine_options(1024, core_share=0)["busy_poll_us"] == 0
+    assert options_module.build(busy_poll_us=0).engine_options(1024, core_share=8)["busy_poll_us"] == 0
+    assert options_module.build(busy_poll_us=7).engine_options(1024, core_share=0)["busy_poll_us"] == 7
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])

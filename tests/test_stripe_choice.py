@@ -75,6 +75,16 @@ def test_the_ranks_sharing_a_rank_s_machine_are_counted_from_the_records():
     assert [stripe_choice.ranks_sharing_machine(subgroup, rank) for rank in range(2)] == [8, 1]
 
 
+def test_each_rank_s_share_of_cores_is_counted_in_whole_cpus():
+    """What busy_poll_us=-1 goes by: each rank's own share, in the records' order, 0 where the
+    ranks outnumber their machine's CPUs (8 ranks on this 2-CPU machine)."""
+    assert stripe_choice.core_shares([("m", [0, 1])] * 2) == [1, 1]
+    assert stripe_choice.core_shares([("m", [0, 1])] * 8) == [0] * 8
+    assert stripe_choice.core_shares([("a", SIXTEEN), ("b", [0, 1]), ("b", [0, 1]), ("b", [0, 1])]) == [16, 0, 0, 0]
+    assert stripe_choice.core_shares([("m", SIXTEEN, 0.5)]) == [0]  # half a CPU's quota: no core of its own
+    assert stripe_choice.core_shares([("m", SIXTEEN, None, "", 32)]) == [0]  # torchrun's 32 ranks on 16 CPUs
+
+
 def test_records_survive_the_rendezvous_encoding():
     for record in (("boot-id", [0, 3, 17], None, "", 0), ("host:x", [5], 2.5, "34:1029", 8), ("m", [], None, "", 0),
                    ("m", list(range(192)), None, "", 0)):

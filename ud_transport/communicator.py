@@ -130,6 +130,9 @@ class Communicator:
     ranks_on_this_machine : int
         Ranks of this communicator on this rank's machine (its own included; more where
         torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
+    core_share : int
+        This rank's fair share of its machine's CPUs, in whole CPUs (0 where the ranks there
+        outnumber them): ``Options.busy_poll_us=-1`` spins only where it is at least 1.
     layout_mismatches : int
         Calls that ended in LayoutMismatch. Every rank of such a call raises it, so the count is
         the same on every rank (unless a rank could not learn the call's outcome and raised
@@ -185,6 +188,7 @@ class Communicator:
         if stripes == "auto":  # every rank takes the same count from the same records; verbs runs one
             stripes = stripe_choice.agreed_stripes(machines) if self.transport_name == "udp" else 1
         self.ranks_on_this_machine = stripe_choice.ranks_sharing_machine(machines, rank)
+        self.core_share = stripe_choice.core_shares(machines)[rank]  # whole CPUs: whether its engine may spin
         self.stripes = stripes  # sockets and threads a large allreduce or broadcast runs on
         session_id = rendezvous.agree_session_id(store, prefix, rank, timeout)
         self.session_id = session_id  # drawn by rank 0; every datagram of this communicator carries it
@@ -249,7 +253,8 @@ class Communicator:
         try:
             for endpoint, everyone in zip(endpoints, addresses):
                 engine = _native.Engine(endpoint, rank, world_size, self.session_id,
-                                        options.engine_options(chunk_bytes, self.window_bytes, self.ranks_on_this_machine))
+                                        options.engine_options(chunk_bytes, self.window_bytes, self.ranks_on_this_machine,
+                                                               self.core_share))
                 self._stripes.append(engine)
                 engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:

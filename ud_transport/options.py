@@ -25,6 +25,11 @@ VERBS_WINDOW_BYTES = 16 * MIB
 # A call is split into stripes only when each gets at least this much: below, the threads'
 # start and the extra verdict rounds cost more than spreading the work saves.
 STRIPE_MIN_BYTES = 1 * MIB
+# What busy_poll_us=-1 spins for where a rank has a core of its own. A wake-up from poll costs
+# tens of microseconds, and a small exact call waits for several datagrams in turn: at 2 ranks
+# on loopback (2 cores) 50 us took a barrier from 166-253 to 84-117 us. Where 8 ranks share 2
+# cores, spinning (even yielding at each turn) made the calls no faster (docs/performance/exact_allreduce.md).
+AUTO_BUSY_POLL_US = 50
 
 
 def credit_window_bytes(window_bytes, chunk_bytes, transport="udp"):
@@ -64,9 +69,11 @@ class Options:
         Microseconds between resends of this rank's credit while it waits for data.
     reorder_grace_us : int, default 200
         Microseconds a step waits for stragglers after its sender's end marker.
-    busy_poll_us : int, default 0
-        Microseconds to spin for the next datagram before sleeping (hurts when ranks share
-        cores).
+    busy_poll_us : int, default -1
+        Microseconds to spin for the next datagram before sleeping, yielding the core to any
+        other thread that wants it at each turn; -1: AUTO_BUSY_POLL_US where this rank has a
+        core of its own (its fair share of its machine's CPUs, as ``stripes="auto"`` counts
+        it, is at least one), else 0 (ranks that share cores would spin in each other's way).
     idle_close_us : int, default 20000
         Microseconds without arrivals after which a step still missing chunks asks its sender
         whether it is done with the step (it closes on the answer, never on the silence; 0: ask
@@ -158,7 +165,7 @@ class Options:
     end_repeats: int = 3
     credit_refresh_us: int = 2000
     reorder_grace_us: int = 200
-    busy_poll_us: int = 0
+    busy_poll_us: int = -1
     idle_close_us: int = 20000
     deadline_cap_s: float = 30.0
     deadline_floor_s: float = 1.0
@@ -201,19 +208,28 @@ class Options:
         check_stripes(self.stripes)
         if not -1 <= self.in_place_min_bytes < 1 << 63:
             raise ValueError(f"in_place_min_bytes must be -1 (the CPU's largest cache) or a byte count, got {self.in_place_min_bytes!r}")
+        if not -1 <= self.busy_poll_us <= 1_000_000:
+            raise ValueError(f"busy_poll_us must be -1 (auto) or 0 to 1000000 microseconds, got {self.busy_poll_us!r}")
         if not 1 <= self.end_repeats <= _native.MAX_END_REPEATS:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
 
-    def engine_options(self, chunk_bytes, window_bytes=None, ranks_here=1):
+    def engine_options(self, chunk_bytes, window_bytes=None, ranks_here=1, core_share=0):
         """The options the C engine takes, by field name (window_bytes: as fitted to the transport's
-        buffers; ranks_here: the ranks sharing this machine, and so its cache)."""
+        buffers; ranks_here: the ranks sharing this machine, and so its cache; core_share: this
+        rank's fair share of the machine's CPUs, whole ones)."""
         return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or credit_window_bytes(self.window_bytes, chunk_bytes),
                 "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
-                "busy_poll_us": self.busy_poll_us, "idle_close_us": self.idle_close_us,
+                "busy_poll_us": self.resolved_busy_poll_us(core_share), "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000),
                 "in_place_min_bytes": self.resolved_in_place_min_bytes(ranks_here)}
+
+    def resolved_busy_poll_us(self, core_share):
+        """busy_poll_us with -1 replaced: spin only where this rank has a core to spin on."""
+        if self.busy_poll_us >= 0:
+            return self.busy_poll_us
+        return AUTO_BUSY_POLL_US if core_share >= 1 else 0
 
     def resolved_in_place_min_bytes(self, ranks_here=1):
         """in_place_min_bytes with -1 replaced by this rank's share of the CPU's largest cache: the

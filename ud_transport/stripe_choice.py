@@ -148,25 +148,31 @@ def decode(data):
 
 
 def agreed_stripes(records):
-    """The stripes every rank runs: the least of the ranks' fair shares, 1 to AUTO_MAX_STRIPES.
+    """The stripes every rank runs: the least of the ranks' fair shares, 1 to AUTO_MAX_STRIPES."""
+    return max(1, min(AUTO_MAX_STRIPES, *core_shares(records)))
 
-    A rank's share is the CPUs it may run on, but no more than an even share of its machine's CPUs
-    among the ranks there (these records' or LOCAL_WORLD_SIZE's, the more), nor of its cgroup
-    quota among the ranks under the same quota."""
+
+def core_shares(records):
+    """Each rank's fair share of its machine's CPUs, whole CPUs (0 where the ranks outnumber
+    them), in the records' order. A rank's share is the CPUs it may run on, but no more than an
+    even share of its machine's CPUs among the ranks there (these records' or LOCAL_WORLD_SIZE's,
+    the more), nor of its cgroup quota among the ranks under the same quota."""
+    records = [Record(*record) for record in records]
     machines = {}
-    for record in (Record(*record) for record in records):
-        machines.setdefault(record.machine, []).append(record)
-    shares = []
-    for neighbours in machines.values():
+    for index, record in enumerate(records):
+        machines.setdefault(record.machine, []).append(index)
+    shares = [0] * len(records)
+    for indices in machines.values():
+        neighbours = [records[index] for index in indices]
         ranks_here = _ranks_among(neighbours)
         even_share = len(set().union(*(other.cpus for other in neighbours))) // ranks_here
         under_quota = Counter(other.quota_owner for other in neighbours)
-        for mine in neighbours:
+        for index, mine in zip(indices, neighbours):
             share = min(len(mine.cpus), even_share)
             if mine.cpu_limit is not None:
                 share = min(share, int(mine.cpu_limit // under_quota[mine.quota_owner]))
-            shares.append(share)
-    return max(1, min(AUTO_MAX_STRIPES, *shares))
+            shares[index] = share
+    return shares
 
 
 def _ranks_among(neighbours):
