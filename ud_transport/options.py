@@ -74,6 +74,7 @@ class Options:
         other thread that wants it at each turn; -1: AUTO_BUSY_POLL_US where this rank has a
         core of its own (its fair share of its machine's CPUs, as ``stripes="auto"`` counts
         it, is at least one), else 0 (ranks that share cores would spin in each other's way).
+        ``UD_BUSY_POLL_US``.
     idle_close_us : int, default 20000
         Microseconds without arrivals after which a step still missing chunks asks its sender
         whether it is done with the step (it closes on the answer, never on the silence; 0: ask
