@@ -539,9 +539,9 @@ int udt_collective_to_verdict(struct udt_comm *comm, const struct udt_collective
             continue;
         }
         /* Spin briefly before sleeping: a wake-up costs more than the next
-         * datagram usually takes to come. Each turn yields the core to any
-         * thread that wants it (the model's, another rank's), so a spinning
-         * rank delays nobody by more than a turn. */
+         * datagram usually takes to come. Each turn yields the core, so a
+         * thread that wants it (the model's, another rank's) gets turns at it
+         * while this one waits (the scheduler still shares the core out). */
         if (!spin_started_ns)
             spin_started_ns = now;
         if (now - spin_started_ns < udt_us(comm->options.busy_poll_us)) {

@@ -130,3 +130,17 @@ def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices):
         stats = exact.all_to_all(comm, tensor, output, payload_bytes=payload_bytes)
         outcome.append((bool(torch.equal(output, want)), sum(call.payload_bytes_sent for call in stats)))
     return outcome
+
+
+def payload_claims_differ(comm):
+    """Rank 0 counts the whole tensor as its payload, rank 1 only 4 KiB of it: the name of the
+    exception each raised, and whether its output kept its old values."""
+    from ud_transport.errors import LayoutMismatch
+
+    tensor = torch.arange(4096, dtype=torch.int32)
+    output = torch.full_like(tensor, -5)
+    try:
+        exact.all_to_all(comm, tensor, output, payload_bytes=None if comm.rank == 0 else 4096)
+    except LayoutMismatch as error:
+        return type(error).__name__, bool((output == -5).all())
+    return None, bool((output == -5).all())

@@ -89,6 +89,12 @@ def test_the_small_call_copies_follow_the_payload_not_the_headers():
         assert outcomes == [(True, nbytes // 2), (True, exact.SMALL_CALL_COPIES * nbytes // 2)]  # the peer's block
 
 
+def test_ranks_that_count_their_payloads_apart_raise_layout_mismatch():
+    """payload_bytes chooses the copies, so ranks that pass different ones would make different
+    calls: it is part of the call's layout, and they raise LayoutMismatch alike."""
+    assert get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.payload_claims_differ) == [("LayoutMismatch", True)] * 2
+
+
 def test_argument_errors_are_clear_and_send_nothing():
     for wrong in get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors):
         assert wrong == [], wrong

@@ -34,11 +34,14 @@ def test_busy_poll_out_of_bounds_is_refused_clearly(value):
         options_module.build(busy_poll_us=value)
 
 
-def test_busy_poll_auto_spins_only_on_a_core_of_the_rank_s_own():
+def test_busy_poll_auto_spins_only_on_a_core_of_the_rank_s_own_for_each_engine():
     auto = options_module.build()
     assert auto.busy_poll_us == -1
     assert auto.engine_options(1024, core_share=1)["busy_poll_us"] == options_module.AUTO_BUSY_POLL_US > 0
     assert auto.engine_options(1024, core_share=0)["busy_poll_us"] == 0
+    # stripes: each engine runs on a thread of its own, each would spin
+    assert auto.engine_options(1024, core_share=4, engines=4)["busy_poll_us"] == options_module.AUTO_BUSY_POLL_US
+    assert auto.engine_options(1024, core_share=1, engines=2)["busy_poll_us"] == 0
     assert options_module.build(busy_poll_us=0).engine_options(1024, core_share=8)["busy_poll_us"] == 0
     assert options_module.build(busy_poll_us=7).engine_options(1024, core_share=0)["busy_poll_us"] == 7
 

@@ -132,7 +132,7 @@ class Communicator:
         torchrun's LOCAL_WORLD_SIZE says so), from the rendezvous: they share its cores and cache.
     core_share : int
         This rank's fair share of its machine's CPUs, in whole CPUs (0 where the ranks there
-        outnumber them): ``Options.busy_poll_us=-1`` spins only where it is at least 1.
+        outnumber them): ``Options.busy_poll_us=-1`` spins only where it is at least the stripes.
     layout_mismatches : int
         Calls that ended in LayoutMismatch. Every rank of such a call raises it, so the count is
         the same on every rank (unless a rank could not learn the call's outcome and raised
@@ -254,7 +254,7 @@ class Communicator:
             for endpoint, everyone in zip(endpoints, addresses):
                 engine = _native.Engine(endpoint, rank, world_size, self.session_id,
                                         options.engine_options(chunk_bytes, self.window_bytes, self.ranks_on_this_machine,
-                                                               self.core_share))
+                                                               self.core_share, len(endpoints)))
                 self._stripes.append(engine)
                 engine.set_peers(b"".join(v[4:] for v in everyone), len(self.address))
         except (OSError, ValueError) as error:

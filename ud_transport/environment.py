@@ -34,7 +34,7 @@ VARIABLES = (
     Variable("UD_IN_PLACE_MIN_BYTES", (("option", "in_place_min_bytes"),), "-1",
              "an allreduce at least this large sums in the caller's tensor; -1 = this rank's share of the CPU's largest cache (at most 32 MiB per CPU sharing it, split among the ranks on the machine), 0 = every one"),
     Variable("UD_BUSY_POLL_US", (("option", "busy_poll_us"),), "-1",
-             "microseconds an engine spins (yielding its core) for the next datagram before sleeping; -1 = 50 where each rank on the machine has a core of its own, else 0"),
+             "microseconds an engine spins (yielding its core) for the next datagram before sleeping; -1 = 50 where each rank on the machine has a core of its own for each of its stripes, else 0"),
     Variable("UD_TRANSPORT", (("backend", "transport"),), "auto",
              "udp, verbs or auto (verbs when an RDMA port is active); overrides the transport argument"),
     Variable("UD_ON_BUDGET_MISS", (("backend", "on_budget_miss"),), "use", "c10d backend: use, skip or raise when a call misses its budget"),

@@ -419,7 +419,8 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             raise ValueError(f"all_to_all needs an output of the tensor's size ({source.nbytes} bytes, not "
                              f"{target.nbytes}) in {n} blocks of equal bytes")
         words, _ = as_words(source)
-    salt = _salt(collective, source.nbytes)
+    # payload_bytes chooses the copies: ranks that pass different ones make different calls
+    salt = _salt(collective, source.nbytes) if payload_bytes is None else _salt(collective, source.nbytes, payload_bytes)
     block_bytes = source.nbytes // n
     width = -(-block_bytes // 4)  # a block as whole 32-bit words, padded where it is not
     with contextlib.ExitStack() as stack:
@@ -438,8 +439,7 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
             return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                    direct_output=True, layout_salt=salt)  # received is ours (or the caller's scratch)
 
-        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline,
-                                source.nbytes if payload_bytes is None else payload_bytes)
+        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline, payload_bytes)
         if not straight:
             rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
             out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
@@ -534,8 +534,8 @@ def _until_held(comm, collective, attempt, target, attempts, deadline, repair=No
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
     more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
-    out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's) are at most
-    SMALL_CALL_BYTES. Returns the stats of each call."""
+    out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's size) are at
+    most SMALL_CALL_BYTES. Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
     small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     sized = target.nbytes if payload_bytes is None else payload_bytes

@@ -27,8 +27,9 @@ VERBS_WINDOW_BYTES = 16 * MIB
 STRIPE_MIN_BYTES = 1 * MIB
 # What busy_poll_us=-1 spins for where a rank has a core of its own. A wake-up from poll costs
 # tens of microseconds, and a small exact call waits for several datagrams in turn: at 2 ranks
-# on loopback (2 cores) 50 us took a barrier from 166-253 to 84-117 us. Where 8 ranks share 2
-# cores, spinning (even yielding at each turn) made the calls no faster (docs/performance/exact_allreduce.md).
+# on loopback (2 cores) 50 us took the engine's time of an agree from 130 to 92-98 us. Where 8
+# ranks share 2 cores, spinning (even yielding at each turn) made the calls no faster
+# (docs/performance/exact_allreduce.md).
 AUTO_BUSY_POLL_US = 50
 
 
@@ -72,8 +73,9 @@ class Options:
     busy_poll_us : int, default -1
         Microseconds to spin for the next datagram before sleeping, yielding the core to any
         other thread that wants it at each turn; -1: AUTO_BUSY_POLL_US where this rank has a
-        core of its own (its fair share of its machine's CPUs, as ``stripes="auto"`` counts
-        it, is at least one), else 0 (ranks that share cores would spin in each other's way).
+        core of its own for each of its stripes (its fair share of its machine's CPUs, as
+        ``stripes="auto"`` counts it, is at least its stripes), else 0 (ranks that share cores
+        would spin in each other's way).
         ``UD_BUSY_POLL_US``.
     idle_close_us : int, default 20000
         Microseconds without arrivals after which a step still missing chunks asks its sender
@@ -215,22 +217,24 @@ class Options:
             raise ValueError(f"end_repeats must be between 1 and {_native.MAX_END_REPEATS}, got {self.end_repeats!r}")
         return self
 
-    def engine_options(self, chunk_bytes, window_bytes=None, ranks_here=1, core_share=0):
+    def engine_options(self, chunk_bytes, window_bytes=None, ranks_here=1, core_share=0, engines=1):
         """The options the C engine takes, by field name (window_bytes: as fitted to the transport's
         buffers; ranks_here: the ranks sharing this machine, and so its cache; core_share: this
-        rank's fair share of the machine's CPUs, whole ones)."""
+        rank's fair share of the machine's CPUs, whole ones; engines: the engines it runs at once,
+        one a stripe)."""
         return {"chunk_bytes": chunk_bytes, "window_bytes": window_bytes or credit_window_bytes(self.window_bytes, chunk_bytes),
                 "end_repeats": self.end_repeats,
                 "credit_refresh_us": self.credit_refresh_us, "reorder_grace_us": self.reorder_grace_us,
-                "busy_poll_us": self.resolved_busy_poll_us(core_share), "idle_close_us": self.idle_close_us,
+                "busy_poll_us": self.resolved_busy_poll_us(core_share, engines), "idle_close_us": self.idle_close_us,
                 "agree_resend_us": self.agree_resend_us, "join_timeout_ms": round(self.join_timeout_s * 1000),
                 "in_place_min_bytes": self.resolved_in_place_min_bytes(ranks_here)}
 
-    def resolved_busy_poll_us(self, core_share):
-        """busy_poll_us with -1 replaced: spin only where this rank has a core to spin on."""
+    def resolved_busy_poll_us(self, core_share, engines=1):
+        """busy_poll_us with -1 replaced: spin only where this rank has a core for each of its
+        engines (a striped call runs one a thread, each of which would spin)."""
         if self.busy_poll_us >= 0:
             return self.busy_poll_us
-        return AUTO_BUSY_POLL_US if core_share >= 1 else 0
+        return AUTO_BUSY_POLL_US if core_share >= max(1, engines) else 0
 
     def resolved_in_place_min_bytes(self, ranks_here=1):
         """in_place_min_bytes with -1 replaced by this rank's share of the CPU's largest cache: the

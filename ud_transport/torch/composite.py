@@ -157,10 +157,10 @@ def _pieces(comm, flat, sends, row_bytes, width, deadline, header=None):
     source = _padded(flat, sends, row_bytes, width, header)
     received = torch.empty_like(source)
     collective = "all_to_all" if header is None else ("all_to_all with splits", width)
-    # copies are chosen by the pieces' width, headers aside: the same on every rank, and a 64 KiB
-    # call with its headers still goes in the small call's copies
+    # copies are chosen by the pieces' width, headers aside (the same on every rank: a 64 KiB call
+    # with its headers still goes in the small call's copies); a call of headers alone by its size
     exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline, collective=collective,
-                     scratch_output=True, payload_bytes=len(sends) * width)
+                     scratch_output=True, payload_bytes=len(sends) * width if width else None)
     return received
 
 
