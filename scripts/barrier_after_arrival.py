@@ -9,10 +9,12 @@ namespaces included), so the stamps of different ranks compare. Per call:
 - the first out: the first rank's exit less the last rank's entry.
 
 A `"ud"` group's barrier and Gloo's are timed taking turns call by call, each after a store
-barrier, and the engine's own agree (`comm.agree`'s engine call, no torch) beside them.
+barrier, and the engine's own agree (`comm.agree`'s engine call, no torch) beside them; with
+--broadcast-bytes B, a broadcast of B bytes from rank 0 on each group too.
 
     python3 scripts/barrier_after_arrival.py                                 # 2 ranks, loopback
     python3 scripts/barrier_after_arrival.py --world-size 8 --hosts veth --iterations 300
+    python3 scripts/barrier_after_arrival.py --world-size 8 --hosts veth --broadcast-bytes 4096
 """
 import argparse
 import os
@@ -31,6 +33,7 @@ from ud_transport.lab.hosts import RankNetwork, run_on_network  # noqa: E402
 
 def stamped(comm, config):
     """On every rank: name -> rows of (entry ns, exit ns) on CLOCK_MONOTONIC."""
+    import torch
     import torch.distributed as dist
 
     import ud_transport.torch  # noqa: F401 (registers "ud")
@@ -45,6 +48,12 @@ def stamped(comm, config):
         "ud group barrier": lambda: dist.barrier(group=groups["ud"]),
         "gloo group barrier": lambda: dist.barrier(group=groups["gloo"]),
     }
+    if config["broadcast_bytes"]:
+        message = torch.full((config["broadcast_bytes"] // 4,), float(comm.rank))
+        for backend in ("ud", "gloo"):
+            calls[f"{backend} group broadcast"] = lambda group=groups[backend]: dist.broadcast(message, 0, group=group)
+    if config["only"]:
+        calls = {name: call for name, call in calls.items() if any(word in name for word in config["only"])}
     rows = {name: [] for name in calls}
     clock = time.CLOCK_MONOTONIC
     for iteration in range(config["warmup"] + config["iterations"]):
@@ -66,12 +75,15 @@ def main():
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--hosts", choices=("loopback", "veth"), default="loopback")
     parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--broadcast-bytes", type=int, default=0, help="also time broadcasts of this many bytes")
+    parser.add_argument("--only", default="", help="comma-separated words: time only the calls whose names hold one")
     args = parser.parse_args()
     reason = RankNetwork.unavailable_reason(args.hosts, 0.0)
     if reason:
         print(f"skipped: {reason}")
         return 0
-    config = dict(iterations=args.iterations, warmup=args.warmup)
+    config = dict(iterations=args.iterations, warmup=args.warmup, broadcast_bytes=args.broadcast_bytes,
+                  only=[word for word in args.only.split(",") if word])
     per_rank, where = run_on_network(args.world_size, stamped, config, hosts=args.hosts, mtu=args.mtu, stripes=1)
     print(f"# {args.world_size} ranks, {where}, {args.iterations} calls of each (+{args.warmup}), each after a store barrier")
     print("| call | spread p50 us | after the last p50 / p99 us | the first out p50 us |")
