@@ -39,6 +39,9 @@ def stamped(comm, config):
     import ud_transport.torch  # noqa: F401 (registers "ud")
     from ud_transport import _native
 
+    # as exact_calls.py: with more ranks than cores, torch's default (a thread per core) has a
+    # rank's parallel copies wait for threads that other ranks hold
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world_size))
     dist.init_process_group("gloo", store=dist.PrefixStore("arrival-gloo", comm.store), rank=comm.rank,
                             world_size=comm.world_size)
     groups = {backend: dist.new_group(backend=backend) for backend in ("ud", "gloo")}
