@@ -118,3 +118,34 @@ def argument_errors(comm):
     if pair[0] != n:
         wrong.append("the next call did not pair")
     return wrong
+
+
+def exact_broadcasts(comm, cases, src):
+    """exact.broadcast of each (element count, dtype name) from `src`, into a tensor holding a
+    known other value: per case (the values right, the engine collectives of its calls, the
+    payload bytes this rank sent in each)."""
+    out = []
+    for count, dtype_name in cases:
+        dtype = getattr(torch, dtype_name)
+        sent = (torch.arange(count) % 97 + 3).to(dtype)
+        tensor = sent.clone() if comm.rank == src else torch.zeros(count, dtype=dtype)
+        stats = exact.broadcast(comm, tensor, src)
+        out.append((torch.equal(tensor, sent), [s.collective for s in stats], [s.payload_bytes_sent for s in stats]))
+    return out
+
+
+def broadcast_sizes_that_differ(comm, small, large):
+    """Rank 0 broadcasts `small` int32 (a flat broadcast), the others `large` (two steps): each
+    rank's error name and whether its tensor kept its values; then a broadcast of one size on
+    every rank, which must pair: whether it was right."""
+    mine = small if comm.rank == 0 else large
+    tensor = torch.full((mine,), comm.rank + 5, dtype=torch.int32)
+    try:
+        exact.broadcast(comm, tensor, 1, deadline=10.0)
+        outcome = "no error"
+    except LayoutMismatch:
+        outcome = "LayoutMismatch"
+    kept = torch.equal(tensor, torch.full((mine,), comm.rank + 5, dtype=torch.int32))
+    after = torch.full((small,), comm.rank, dtype=torch.int32)
+    exact.broadcast(comm, after, 1, deadline=10.0)
+    return outcome, kept, torch.equal(after, torch.full((small,), 1, dtype=torch.int32))

@@ -121,3 +121,53 @@ def test_calls_that_differ_across_ranks_mismatch_everywhere_and_keep_the_tensor(
 
 def test_bad_arguments_are_refused_before_anything_is_sent():
     assert get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.argument_errors) == [[], []]
+
+
+@pytest.mark.parametrize("world, loss", [(2, 0.0), (3, 0.0), (8, 0.0), (4, 0.2)])
+def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, loss):
+    """A small exact broadcast is one scatter of the tensor's copies: every receiver takes its
+    whole tensor from the root and sends no payload (the engine's broadcast has every rank relay
+    blocks); without loss, one call whose root sends (world - 1) copies of the tensor in
+    SMALL_CALL_COPIES copies. A large one stays the engine's broadcast. Under loss both are
+    whole, repeated or repaired."""
+    from ud_transport import exact
+
+    options = {"inject": ud_transport.Bernoulli(loss, seed=21)} if loss else {}
+    cluster = get_cluster(world, chunk_bytes=64, **options)
+    cases = [(7, "uint8"), (1, "int64"), (301, "float16"), (200, "float32"), (3000, "float32")]
+    src = world - 1
+    per_rank = cluster.run(tasks.exact_broadcasts, cases, src)
+    for rank, outcome in enumerate(per_rank):
+        for (count, dtype), (right, collectives, sent) in zip(cases, outcome):
+            where = (rank, count, dtype, collectives, sent)
+            assert right, where
+            padded = -(-count * np.dtype(dtype).itemsize // 4) * 4
+            flat = count != 3000  # 12,000 bytes in 64-byte chunks: too many for a small call
+            assert set(collectives) == {"scatter" if flat else "broadcast"}, where
+            if flat:
+                assert sum(sent) == 0 or rank == src, where
+            if loss:
+                continue
+            assert len(collectives) == 1, where
+            if flat and rank == src:
+                assert sent == [(world - 1) * padded * exact.SMALL_CALL_COPIES], where
+            if not flat and rank != src and world > 2:
+                assert sent[0] > 0, where  # the engine's broadcast: receivers relay blocks
+
+
+def test_the_flat_form_is_for_small_calls_whose_root_sends_little():
+    from ud_transport import exact
+
+    assert exact.broadcasts_flat(4096, 8, 24)
+    assert not exact.broadcasts_flat(0, 8, 0)  # nothing to send: the engine's call of no elements
+    assert not exact.broadcasts_flat(4096, 8, exact.REPAIR_MIN_CHUNKS)  # repaired, not repeated
+    assert not exact.broadcasts_flat(exact.SMALL_CALL_BYTES + 4, 2, 40)  # one copy: the engine's form
+    assert exact.broadcasts_flat(exact.SMALL_CALL_BYTES, 17, 48)  # 16 x 64 KiB from the root
+    assert not exact.broadcasts_flat(exact.SMALL_CALL_BYTES, 18, 48)
+
+
+def test_broadcasts_of_sizes_that_choose_different_forms_mismatch_everywhere():
+    """Rank 0's size goes flat, the others' two steps: LayoutMismatch on every rank, no tensor
+    changed, and the next broadcast pairs."""
+    per_rank = get_cluster(3, chunk_bytes=CHUNK_BYTES).run(tasks.broadcast_sizes_that_differ, 4, 20000)
+    assert per_rank == [("LayoutMismatch", True, True)] * 3, per_rank

@@ -16,6 +16,10 @@ without another exchange. At 1% loss that moves a few % more data, where
 repeating the whole call moved all of it again, twice or more. The masks are
 the same on every rank, so every rank takes the same branch.
 
+A small broadcast whose root sends at most FLAT_BROADCAST_BYTES in all is one scatter of the
+tensor's copies, each rank taking its whole tensor from the root in one step, repeated whole as
+a small call is.
+
 A call of fewer chunks (the mask exchanges are such calls) is repeated whole
 instead, keeping what earlier attempts delivered: after k attempts a chunk is
 missing with probability ~p^k. One of at most SMALL_CALL_BYTES goes out in
@@ -74,6 +78,12 @@ ROUND_COST_IN_CALLS = 0.25
 # at 256 KiB (a saving of 384 KiB); gathered is 1.5x faster at 64 KiB, sharded 1.5x at 1 MiB
 # (2x at 8 ranks). At 2 ranks both send the tensor once: always gathered.
 SHARDED_SAVING_MIN_BYTES = 384 << 10
+# A small exact broadcast (broadcasts_flat) whose root sends at most this many bytes in all goes
+# flat: the whole tensor to each rank in one step (one scatter of its copies), where the engine's
+# broadcast is a scatter and an all-gather of blocks, 2(n-1) steps with their END markers. At 8
+# ranks on the bridge, 4 KiB: about a fifth off the call; level at 2 and 4 ranks
+# (docs/performance/exact_allreduce.md, 2026-11-30).
+FLAT_BROADCAST_BYTES = 1 << 20
 _ALL_ONES = 0xFFFFFFFF
 # Working buffers of the exact calls, per communicator, kept between calls while it lives.
 _buffers = weakref.WeakKeyDictionary()
@@ -352,13 +362,55 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     with _refused_in_step(comm, deadline):
         words, copy_back = as_words(tensor, writes=not source)
     # the byte count too: sizes that pad to the same words must still mismatch
-    salt = _salt(collective, src, _as_torch(tensor).nbytes)
+    nbytes = _as_torch(tensor).nbytes
+    salt = _salt(collective, src, nbytes)
+    if broadcasts_flat(nbytes, comm.world_size, comm.chunk_mask("broadcast", words).size):
+        stats = _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes)
+        if not source:
+            copy_back()
+        return stats
     stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
                                                                             chunk_mask=mask, copies=copies,
                                                                             direct_output=True, layout_salt=salt),
                      words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
+    return stats
+
+
+def broadcasts_flat(nbytes, world_size, chunks):
+    """Whether an exact broadcast of `nbytes` (`chunks` in the engine broadcast's mask) goes flat:
+    the root sends the whole tensor to each rank in one step, a scatter of world_size copies of
+    it. Only a small call (one that goes in SMALL_CALL_COPIES copies and is repeated whole, not
+    repaired) whose root sends at most FLAT_BROADCAST_BYTES in all: both forms then move the same
+    copies, and the flat one takes fewer steps. Ranks that pass different sizes may choose
+    differently; the byte count in the layout salt makes that LayoutMismatch anyway."""
+    small = chunks < REPAIR_MIN_CHUNKS and nbytes <= SMALL_CALL_BYTES
+    return small and 0 < nbytes and (world_size - 1) * nbytes <= FLAT_BROADCAST_BYTES
+
+
+def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
+    """Rank `src`'s int32 `words` (the caller's `nbytes`) into every rank's, as one engine scatter
+    of world_size rows that each hold all of it: a receiver's whole tensor comes straight from the
+    root in one step, where the engine's broadcast (a scatter of blocks, then an all-gather of
+    them) takes 2(n-1) steps, each with its END markers. A small call (broadcasts_flat): in
+    SMALL_CALL_COPIES copies, repeated whole until every rank holds its row. `words` is written
+    only on success. Returns the stats of each call."""
+    n, width = comm.world_size, words.numel()
+    with _borrowed(comm, n * width) as rows:
+        tiled = rows.view(n, width)
+        if comm.rank == src:
+            for b in range(n):  # row by row: an index_put can wake torch's worker threads, which
+                if b != src:    # then hold cores other ranks need; its own row is never sent
+                    tiled[b].copy_(words)
+
+        def attempt(mask, copies):
+            return comm.scatter(rows, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
+                                direct_output=True, layout_salt=salt)  # rows is ours
+
+        stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True)
+        if comm.rank != src:
+            words.copy_(tiled[comm.rank])
     return stats
 
 
@@ -529,15 +581,17 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     return stats
 
 
-def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None):
+def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
     more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
     out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's size) are at
-    most SMALL_CALL_BYTES. Returns the stats of each call."""
+    most SMALL_CALL_BYTES. `small`: whether the call is small (default: target has fewer than
+    REPAIR_MIN_CHUNKS chunks), the same on every rank. Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
-    small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
+    if small is None:
+        small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     sized = target.nbytes if payload_bytes is None else payload_bytes
     copies = SMALL_CALL_COPIES if small and sized <= SMALL_CALL_BYTES else 1
     calls = [attempt(held, copies)]
