@@ -16,7 +16,7 @@ without another exchange. At 1% loss that moves a few % more data, where
 repeating the whole call moved all of it again, twice or more. The masks are
 the same on every rank, so every rank takes the same branch.
 
-A small broadcast whose root sends at most FLAT_BROADCAST_BYTES in all is one scatter of the
+A small broadcast among 4 ranks or more whose root sends at most FLAT_BROADCAST_BYTES in all is one scatter of the
 tensor's copies, each rank taking its whole tensor from the root in one step, repeated whole as
 a small call is.
 
@@ -78,12 +78,15 @@ ROUND_COST_IN_CALLS = 0.25
 # at 256 KiB (a saving of 384 KiB); gathered is 1.5x faster at 64 KiB, sharded 1.5x at 1 MiB
 # (2x at 8 ranks). At 2 ranks both send the tensor once: always gathered.
 SHARDED_SAVING_MIN_BYTES = 384 << 10
-# A small exact broadcast (broadcasts_flat) whose root sends at most this many bytes in all goes
-# flat: the whole tensor to each rank in one step (one scatter of its copies), where the engine's
-# broadcast is a scatter and an all-gather of blocks, 2(n-1) steps with their END markers. At 8
-# ranks on the bridge, 4 KiB: about a fifth off the call; level at 2 and 4 ranks
+# A small exact broadcast (broadcasts_flat) among at least FLAT_BROADCAST_MIN_RANKS ranks whose
+# root sends at most FLAT_BROADCAST_BYTES in all goes flat: the whole tensor to each rank in one
+# step (one scatter of its copies), where the engine's broadcast is a scatter and an all-gather
+# of blocks, 2(n-1) steps with their END markers. On the bridge at MTU 1500, 4 KiB and 64 KiB: a
+# seventh to a fifth off the call at 8 ranks, a fifth to a third at 16, level at 4; at 2 ranks,
+# where both forms send the same datagrams, 5-10% slower (the buffer and its copies)
 # (docs/performance/exact_allreduce.md, 2026-11-30).
 FLAT_BROADCAST_BYTES = 1 << 20
+FLAT_BROADCAST_MIN_RANKS = 4
 _ALL_ONES = 0xFFFFFFFF
 # Working buffers of the exact calls, per communicator, kept between calls while it lives.
 _buffers = weakref.WeakKeyDictionary()
@@ -382,11 +385,13 @@ def broadcasts_flat(nbytes, world_size, chunks):
     """Whether an exact broadcast of `nbytes` (`chunks` in the engine broadcast's mask) goes flat:
     the root sends the whole tensor to each rank in one step, a scatter of world_size copies of
     it. Only a small call (one that goes in SMALL_CALL_COPIES copies and is repeated whole, not
-    repaired) whose root sends at most FLAT_BROADCAST_BYTES in all: both forms then move the same
-    copies, and the flat one takes fewer steps. Ranks that pass different sizes may choose
+    repaired) among FLAT_BROADCAST_MIN_RANKS ranks or more whose root sends at most
+    FLAT_BROADCAST_BYTES in all: both forms then move the same copies, and the flat one takes
+    fewer steps. Ranks that pass different sizes may choose
     differently; the byte count in the layout salt makes that LayoutMismatch anyway."""
     small = chunks < REPAIR_MIN_CHUNKS and nbytes <= SMALL_CALL_BYTES
-    return small and 0 < nbytes and (world_size - 1) * nbytes <= FLAT_BROADCAST_BYTES
+    return (small and 0 < nbytes and world_size >= FLAT_BROADCAST_MIN_RANKS
+            and (world_size - 1) * nbytes <= FLAT_BROADCAST_BYTES)
 
 
 def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
