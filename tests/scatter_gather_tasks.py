@@ -149,3 +149,25 @@ def broadcast_sizes_that_differ(comm, small, large):
     after = torch.full((small,), comm.rank, dtype=torch.int32)
     exact.broadcast(comm, after, 1, deadline=10.0)
     return outcome, kept, torch.equal(after, torch.full((small,), 1, dtype=torch.int32))
+
+
+def flat_broadcast_against_scatter(comm):
+    """Rank 0 makes an exact broadcast of 4 int32 from rank 1 that claims to be a scatter (a flat
+    one: an engine scatter), the others an exact.scatter from rank 1 of 4 int32 a rank: the same
+    engine call, count and claim. Each rank's error name and whether its tensor kept its values;
+    then whether a broadcast of 4 int32 on every rank pairs."""
+    n, r = comm.world_size, comm.rank
+    mine = torch.full((4,), r + 5, dtype=torch.int32)
+    pieces = torch.arange(4 * n, dtype=torch.int32) if r == 1 else None
+    try:
+        if r == 0:
+            exact.broadcast(comm, mine, 1, deadline=10.0, collective="scatter")
+        else:
+            exact.scatter(comm, pieces, mine, 1, deadline=10.0)
+        outcome = "no error"
+    except LayoutMismatch:
+        outcome = "LayoutMismatch"
+    kept = torch.equal(mine, torch.full((4,), r + 5, dtype=torch.int32))
+    after = torch.full((4,), r, dtype=torch.int32)
+    exact.broadcast(comm, after, 1, deadline=10.0)
+    return outcome, kept, torch.equal(after, torch.full((4,), 1, dtype=torch.int32))

@@ -163,13 +163,20 @@ def test_the_flat_form_is_for_small_calls_whose_root_sends_little():
     assert exact.broadcasts_flat(4096, 4, 12) and not exact.broadcasts_flat(4096, 3, 9)  # fewer ranks: no faster
     assert not exact.broadcasts_flat(0, 8, 0)  # nothing to send: the engine's call of no elements
     assert not exact.broadcasts_flat(4096, 8, exact.REPAIR_MIN_CHUNKS)  # repaired, not repeated
-    assert not exact.broadcasts_flat(exact.SMALL_CALL_BYTES + 4, 2, 40)  # one copy: the engine's form
+    assert not exact.broadcasts_flat(exact.SMALL_CALL_BYTES + 4, 4, 40)  # one copy: the engine's form
     assert exact.broadcasts_flat(exact.SMALL_CALL_BYTES, 17, 48)  # 16 x 64 KiB from the root
     assert not exact.broadcasts_flat(exact.SMALL_CALL_BYTES, 18, 48)
 
 
 def test_broadcasts_of_sizes_that_choose_different_forms_mismatch_everywhere():
-    """Rank 0's size goes flat, the others' two steps: LayoutMismatch on every rank, no tensor
-    changed, and the next broadcast pairs."""
+    """Rank 0's size goes flat, the others' two steps (an engine scatter against an engine
+    broadcast): LayoutMismatch on every rank, no tensor changed, and the next broadcast pairs."""
     per_rank = get_cluster(4, chunk_bytes=CHUNK_BYTES).run(tasks.broadcast_sizes_that_differ, 4, 20000)
+    assert per_rank == [("LayoutMismatch", True, True)] * 4, per_rank
+
+
+def test_a_flat_broadcast_never_pairs_with_a_scatter_that_claims_the_same_bytes():
+    """Both are an engine scatter of the same count from the same root; the flat form's salt says
+    what it is, so the two raise LayoutMismatch on every rank instead of pairing."""
+    per_rank = get_cluster(4, chunk_bytes=CHUNK_BYTES).run(tasks.flat_broadcast_against_scatter)
     assert per_rank == [("LayoutMismatch", True, True)] * 4, per_rank

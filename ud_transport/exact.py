@@ -16,9 +16,10 @@ without another exchange. At 1% loss that moves a few % more data, where
 repeating the whole call moved all of it again, twice or more. The masks are
 the same on every rank, so every rank takes the same branch.
 
-A small broadcast among 4 ranks or more whose root sends at most FLAT_BROADCAST_BYTES in all is one scatter of the
-tensor's copies, each rank taking its whole tensor from the root in one step, repeated whole as
-a small call is.
+A small broadcast among 4 ranks or more whose root sends at most FLAT_BROADCAST_BYTES in all is
+one scatter of the tensor's copies, each rank taking its whole tensor from the root in one step;
+it is repeated whole until no rank lacks a chunk of its own row (agreed from the masks, as for
+exact.scatter), not compared by checksums.
 
 A call of fewer chunks (the mask exchanges are such calls) is repeated whole
 instead, keeping what earlier attempts delivered: after k attempts a chunk is
@@ -81,10 +82,10 @@ SHARDED_SAVING_MIN_BYTES = 384 << 10
 # A small exact broadcast (broadcasts_flat) among at least FLAT_BROADCAST_MIN_RANKS ranks whose
 # root sends at most FLAT_BROADCAST_BYTES in all goes flat: the whole tensor to each rank in one
 # step (one scatter of its copies), where the engine's broadcast is a scatter and an all-gather
-# of blocks, 2(n-1) steps with their END markers. On the bridge at MTU 1500, 4 KiB and 64 KiB: a
-# seventh to a fifth off the call at 8 ranks, a fifth to a third at 16, level at 4; at 2 ranks,
-# where both forms send the same datagrams, 5-10% slower (the buffer and its copies)
-# (docs/performance/exact_allreduce.md, 2026-11-30).
+# of blocks, 2(n-1) steps with their END markers. On the bridge at MTU 1500 the slowest rank's
+# p50 fell 7-28% at 8 ranks (4 and 64 KiB) and 40% at 16 (4 KiB), level at 4; at 2 ranks on
+# loopback, where both forms send the same datagrams, it was about a tenth slower (the buffer and
+# its copies) (docs/performance/exact_allreduce.md, 2026-11-30).
 FLAT_BROADCAST_BYTES = 1 << 20
 FLAT_BROADCAST_MIN_RANKS = 4
 _ALL_ONES = 0xFFFFFFFF
@@ -368,7 +369,8 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     nbytes = _as_torch(tensor).nbytes
     salt = _salt(collective, src, nbytes)
     if broadcasts_flat(nbytes, comm.world_size, comm.chunk_mask("broadcast", words).size):
-        stats = _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes)
+        # an engine scatter: its salt must tell it from an exact.scatter claiming the same bytes
+        stats = _flat_broadcast(comm, words, src, attempts, deadline, _salt(collective, src, nbytes, "flat"), nbytes)
         if not source:
             copy_back()
         return stats
