@@ -137,6 +137,8 @@ def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, lo
     cases = [(7, "uint8"), (1, "int64"), (301, "float16"), (200, "float32"), (3000, "float32")]
     src = world - 1
     per_rank = cluster.run(tasks.exact_broadcasts, cases, src)
+    # a repeat is decided by an agreement round: every rank makes the same calls, under loss too
+    assert len({tuple(len(collectives) for _, collectives, _ in outcome) for outcome in per_rank}) == 1, per_rank
     for rank, outcome in enumerate(per_rank):
         for (count, dtype), (right, collectives, sent) in zip(cases, outcome):
             where = (rank, count, dtype, collectives, sent)
@@ -154,6 +156,26 @@ def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, lo
                 assert (world - 1) * padded <= sent[0] <= (world - 1) * padded * exact.SMALL_CALL_COPIES, where
             if count == 3000 and rank != src and world > 2:
                 assert sent[0] > 0, where  # the engine's broadcast: receivers relay blocks
+
+
+def test_a_flat_broadcast_that_loses_every_copy_of_a_datagram_is_repeated_alike_on_every_rank():
+    """At 50% injected loss a small flat broadcast loses all SMALL_CALL_COPIES copies of some
+    datagram on most calls (1 in 8 for each), so it is repeated whole, each repeat keeping what
+    earlier ones delivered: every rank ends with the root's values, and every rank makes the
+    same calls, since whether to repeat is agreed."""
+    from ud_transport import exact
+
+    cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.5, seed=5))
+    cases = [(301, "float16"), (200, "float32"), (150, "int32"), (100, "float64")]
+    per_rank = cluster.run(tasks.exact_broadcasts, cases, 3)
+    calls = [[len(collectives) for _, collectives, _ in outcome] for outcome in per_rank]
+    for rank, outcome in enumerate(per_rank):
+        for case, (right, collectives, _) in zip(cases, outcome):
+            assert right, (rank, case, collectives)
+            assert set(collectives) == {"scatter"}, (rank, case, collectives)  # the flat form
+            assert len(collectives) <= exact.DEFAULT_ATTEMPTS, (rank, case, collectives)
+    assert all(row == calls[0] for row in calls), calls
+    assert max(calls[0]) > 1, calls  # repeated: without repeats this loss leaves a hole
 
 
 def test_the_flat_form_is_for_small_calls_whose_root_sends_little():
