@@ -10,6 +10,7 @@ import pytest
 
 import torch_tasks
 from conftest import get_cluster
+from ud_transport import exact
 
 _tags = itertools.count()
 
@@ -28,6 +29,8 @@ def test_calls_that_differ_are_layout_mismatch_on_every_rank_and_the_group_goes_
     the same rank, every tensor as it was, and the all_reduce after it sums on every rank. At 4
     ranks a small exact broadcast goes flat (one engine scatter), so there the broadcast cases
     meet the flat form on some ranks and another call on the others."""
+    if world == 4:  # the sizes the broadcast cases pass (4 and 2 * world int32, one 256-byte chunk) go flat
+        assert exact.broadcasts_flat(16, world, 1) and exact.broadcasts_flat(8 * world, world, 1)
     per_rank = get_cluster(world, chunk_bytes=256).run(torch_tasks.calls_that_differ, f"p{next(_tags)}")
     for case in CASES:
         named = {out[case][1] for out in per_rank}

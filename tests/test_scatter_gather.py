@@ -160,11 +160,10 @@ def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, lo
 
 def test_a_flat_broadcast_that_loses_every_copy_of_a_datagram_is_repeated_alike_on_every_rank():
     """At 50% injected loss a small flat broadcast loses all SMALL_CALL_COPIES copies of some
-    datagram on most calls (1 in 8 for each), so it is repeated whole, each repeat keeping what
-    earlier ones delivered: every rank ends with the root's values, and every rank makes the
-    same calls, since whether to repeat is agreed."""
-    from ud_transport import exact
-
+    datagram on almost every first call (1 in 8 for each, 30-39 a call here: 98% or more), so
+    it is repeated whole, each repeat keeping what earlier ones delivered: every rank ends with
+    the root's values within a few calls (without keeping, each call would succeed 0.5-2% of
+    the time), and every rank makes the same calls, since whether to repeat is agreed."""
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.5, seed=5))
     cases = [(301, "float16"), (200, "float32"), (150, "int32"), (100, "float64")]
     per_rank = cluster.run(tasks.exact_broadcasts, cases, 3)
@@ -173,7 +172,8 @@ def test_a_flat_broadcast_that_loses_every_copy_of_a_datagram_is_repeated_alike_
         for case, (right, collectives, _) in zip(cases, outcome):
             assert right, (rank, case, collectives)
             assert set(collectives) == {"scatter"}, (rank, case, collectives)  # the flat form
-            assert len(collectives) <= exact.DEFAULT_ATTEMPTS, (rank, case, collectives)
+            # each datagram missing after k calls with probability 8**-k: more than 8 is ~2e-6
+            assert len(collectives) <= 8, (rank, case, collectives)
     assert all(row == calls[0] for row in calls), calls
     assert max(calls[0]) > 1, calls  # repeated: without repeats this loss leaves a hole
 
