@@ -128,8 +128,8 @@ def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, lo
     """A small exact broadcast among 4 ranks or more is one scatter of the tensor's copies: every
     receiver takes its whole tensor from the root and sends no payload (the engine's broadcast
     has every rank relay blocks); without loss, one call whose root sends (world - 1) copies of
-    the tensor, each datagram in up to SMALL_CALL_COPIES copies. A large one, or one among fewer ranks, stays the
-    engine's broadcast. Under loss both are whole, repeated or repaired."""
+    the tensor, each datagram in up to SMALL_CALL_COPIES copies. A large one, or one among fewer
+    ranks, stays the engine's broadcast. Under loss both are whole, repeated or repaired."""
     from ud_transport import exact
 
     options = {"inject": ud_transport.Bernoulli(loss, seed=21)} if loss else {}

@@ -367,17 +367,15 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
         words, copy_back = as_words(tensor, writes=not source)
     # the byte count too: sizes that pad to the same words must still mismatch
     nbytes = _as_torch(tensor).nbytes
-    salt = _salt(collective, src, nbytes)
-    if broadcasts_flat(nbytes, comm.world_size, comm.chunk_mask("broadcast", words).size):
-        # an engine scatter: its salt must tell it from an exact.scatter claiming the same bytes
-        stats = _flat_broadcast(comm, words, src, attempts, deadline, _salt(collective, src, nbytes, "flat"), nbytes)
-        if not source:
-            copy_back()
-        return stats
-    stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(words, src, loss_budget=1.0, deadline=deadline,
-                                                                            chunk_mask=mask, copies=copies,
-                                                                            direct_output=True, layout_salt=salt),
-                     words, attempts, deadline, src=src, keep=not source)  # the root's is only read
+    flat = broadcasts_flat(nbytes, comm.world_size, comm.chunk_mask("broadcast", words).size)
+    # flat, it is an engine scatter: its salt must tell it from an exact.scatter claiming the same bytes
+    salt = _salt(collective, src, nbytes, "flat") if flat else _salt(collective, src, nbytes)
+    if flat:
+        stats = _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes)
+    else:
+        stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
+            words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
+            layout_salt=salt), words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
     return stats
