@@ -137,6 +137,8 @@ def timed(comm, config):
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
     if config["only"]:
         operations = {name: run for name, run in operations.items() if name.split(" ")[1] in config["only"]}
+    if config["auto_only"]:  # no forced forms: "ud allreduce sharded" and the like have a third word
+        operations = {name: run for name, run in operations.items() if len(name.split(" ")) == 2 or name.endswith(" group")}
     results = {name: ([], [], []) for name in operations}
     for iteration in range(config["warmup"] + config["iterations"]):
         for name, run in operations.items():  # taking turns call by call, as the benchmark does
@@ -195,6 +197,9 @@ def main():
     parser.add_argument("--no-gloo", action="store_true", help="time ud_transport's calls only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default, 0: CPUs / ranks)")
     parser.add_argument("--kernel-loss", type=float, default=0.0, help="share of UDP and TCP packets nftables drops")
+    parser.add_argument("--auto-only", action="store_true", help="skip the forms forced for comparison (the exact "
+                                                                   "allreduce's gathered and sharded, ...): time what "
+                                                                   "an application's call runs")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
                                                    "send/recv, all_to_all, allreduce, allreduce_float, "
                                                    "reduce_scatter_float, gather, scatter, barrier; "
@@ -212,6 +217,7 @@ def main():
         print(f"# exact_calls: skipped: {reason}")
         return 0
     config = dict(bytes=args.bytes, iterations=args.iterations, warmup=args.warmup, no_gloo=args.no_gloo, only=only,
+                  auto_only=args.auto_only,
                   threads=args.threads or max(1, (os.cpu_count() or 1) // args.world_size))
     per_rank, where = run_on_network(args.world_size, timed, config, hosts=args.hosts, mtu=args.mtu,
                                      kernel_loss=args.kernel_loss, stripes=1)

@@ -144,3 +144,48 @@ def payload_claims_differ(comm):
     except LayoutMismatch as error:
         return type(error).__name__, bool((output == -5).all())
     return None, bool((output == -5).all())
+
+
+def agreed_values(comm, values):
+    """Communicator.all_to_all with this rank's `values[rank]` as agree_value: the agreed value,
+    whether the pieces came, and what an agree_value out of range raises."""
+    n = comm.world_size
+    tensor = np.arange(4 * n, dtype=np.float32) + 100 * comm.rank
+    output = np.zeros_like(tensor)
+    stats = comm.all_to_all(tensor, output, loss_budget=0.0, deadline=10.0, agree_value=values[comm.rank])
+    want = np.concatenate([np.arange(4 * n, dtype=np.float32)[4 * comm.rank:4 * comm.rank + 4] + 100 * p
+                           for p in range(n)])
+    errors = []
+    for wrong in (-1, 2**32, 0.5):
+        try:
+            comm.all_to_all(tensor, output, agree_value=wrong)
+        except ValueError as error:
+            errors.append(str(error))
+    return stats.agreed_value, bool(np.array_equal(output, want)), errors
+
+
+def declined_then_exchanged(comm, decliner, nbytes):
+    """exact.all_to_all in which rank `decliner` alone passes agree_value 1: (what it returned on
+    this rank, the output kept its old values), then a plain one right after: its output right."""
+    n = comm.world_size
+    tensor = torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * comm.rank
+    output = torch.full_like(tensor, -5)
+    returned = exact.all_to_all(comm, tensor, output, agree_value=int(comm.rank == decliner))
+    kept = bool((output == -5).all())
+    exact.all_to_all(comm, tensor, output)
+    block = tensor.numel() // n
+    want = torch.cat([(torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * p)[comm.rank * block:(comm.rank + 1) * block]
+                      for p in range(n)])
+    return returned, kept, bool(torch.equal(output, want))
+
+
+def agree_value_refused_on_one_rank(comm):
+    """Rank 0 passes an agree_value out of range to exact.all_to_all, the others 0: the name of
+    what each raised (the others' call must meet rank 0's refusal, not wait for it)."""
+    tensor = torch.arange(4 * comm.world_size, dtype=torch.int32)
+    try:
+        exact.all_to_all(comm, tensor, torch.empty_like(tensor), deadline=10.0,
+                         agree_value=-1 if comm.rank == 0 else 0)
+    except Exception as error:  # noqa: BLE001 (the test reads what it was)
+        return type(error).__name__
+    return None

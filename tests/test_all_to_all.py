@@ -140,3 +140,28 @@ def test_a_scratch_output_takes_the_pieces_straight(monkeypatch):
         assert torch.equal(out, bytes_) and len(borrowed) == 2
     finally:
         comm.close()
+
+
+def test_a_value_is_agreed_with_the_pieces():
+    """agree_value rides the call's verdict: every rank reads the largest any rank passed, the
+    pieces arrive as in any call, and a value outside 32 bits is refused clearly."""
+    for agreed, right, errors in get_cluster(3, chunk_bytes=CHUNK_BYTES).run(tasks.agreed_values, [0, 7, 3]):
+        assert agreed == 7 and right, (agreed, right)
+        assert len(errors) == 3 and all("agree_value must be an integer in [0, 2**32)" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("nbytes", [3 * 1364, 3 << 18])
+def test_an_exact_exchange_one_rank_declines_writes_nothing_anywhere(nbytes):
+    """exact.all_to_all with agree_value: where one rank passes 1 every rank returns None and
+    leaves its output as it was (a small call, and one of REPAIR_MIN_CHUNKS chunks or more,
+    which goes in one copy), and the ranks' next call pairs as usual."""
+    for returned, kept, right in get_cluster(3, chunk_bytes=CHUNK_BYTES * 64).run(tasks.declined_then_exchanged, 2,
+                                                                                    nbytes):
+        assert returned is None and kept and right, (returned, kept, right)
+
+
+def test_an_agree_value_out_of_range_is_refused_in_step():
+    """Refused before the first engine call, with an agreement round in its place: the others'
+    call ends in LayoutMismatch naming rank 0 at once, rather than waiting for it."""
+    assert get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.agree_value_refused_on_one_rank) == ["ValueError",
+                                                                                                 "LayoutMismatch"]

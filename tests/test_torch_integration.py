@@ -660,10 +660,18 @@ def test_a_small_synchronous_call_runs_on_its_callers_thread_and_an_asynchronous
 
 
 ALL_TO_ALL_CALLS = {  # engine calls per case without loss (tests/torch_tasks.py::all_to_all_calls)
-    "even, the group's first": 2, "even again": 1, "even, sizes given": 1, "uneven, within the width": 1,
-    "even after uneven": 2, "even, the same": 1, "even, wider": 2, "uneven, within the wider width": 1,
-    "even, wider again": 2, "uneven, wider than the width": 2, "even, no rows": 1, "even, one": 2,
-    "even, one again": 1, "even, pieces past the cap": 2, "even, pieces past the cap again": 2,
+    "even, the group's first": 2, "even again": 1, "even, sizes given": 1,
+    "uneven, within the width": 2,  # the declined guess, then the padded call (declines: 1)
+    "even after uneven": 2, "even, the same": 1,  # the width, not a guess: it waits for 2 in a row
+    "even, wider": 3,  # guessed (2 in a row) and declined (declines: 2), the sizes, the pieces
+    "uneven, within the wider width": 1, "even, wider again": 2, "uneven, wider than the width": 2,
+    "even, no rows": 1, "even, one": 2, "even, one again": 1, "even, pieces past the cap": 2,
+    "even, pieces past the cap again": 2, "even, pieces past the cap a third time": 2,
+    "even, pieces past the cap a fourth time": 2,  # four in a row now
+    "even, pieces past the cap a fifth time": 1,  # the guess (declines still 2: 4 taken would halve it)
+    "past the cap, uneven between the last two ranks": 3,  # declined (declines: 3), the sizes, the pieces
+    "even past the cap after a declined guess": 2, "even past the cap, twice after a declined guess": 2,
+    "even past the cap, three times after a declined guess": 2,  # the next guess waits for 8 in a row
     "even after a refusal": 2, "even after a refusal, again": 1}
 
 
@@ -671,9 +679,12 @@ ALL_TO_ALL_CALLS = {  # engine calls per case without loss (tests/torch_tasks.py
 def test_all_to_all_single_is_one_engine_call_where_its_pieces_fit_the_last_even_width(world, loss):
     """Every rank's split sizes travel in the first call, at the head of each piece; where the
     group's last all_to_all was even everywhere and this one's pieces fit its width, that call
-    carries the pieces too and is the whole exchange. Each branch, in order: the right rows on
-    every rank, the engine calls counted without loss, a refusal on one rank forgotten alike
-    everywhere (the next call pairs), and every piece right under 10% injected loss too."""
+    carries the pieces too and is the whole exchange. Before that, an even call in the shape of
+    the last even calls goes straight, saying with its verdict whether every rank's was that
+    shape; where one rank's was not (at 3 ranks, ranks 1 and 2; rank 0's was), every rank drops
+    it alike and goes on with the sizes. Each branch, in order: the right rows on every rank, the engine calls
+    counted without loss, a refusal on one rank forgotten alike everywhere (the next call pairs),
+    and every piece right under 10% injected loss too."""
     inject = ud_transport.Bernoulli(loss, seed=13) if loss else None
     for rank, out in enumerate(get_cluster(world, chunk_bytes=256).run(torch_tasks.all_to_all_calls, tag(), inject)):
         assert out.pop("refused on rank 0") == ("ValueError" if rank == 0 else "LayoutMismatch"), (rank, out)
@@ -682,3 +693,12 @@ def test_all_to_all_single_is_one_engine_call_where_its_pieces_fit_the_last_even
             if not loss:
                 assert calls == ALL_TO_ALL_CALLS[case], (rank, case, calls)
         assert set(out) == set(ALL_TO_ALL_CALLS)
+
+
+def test_an_all_to_all_loop_that_alternates_shapes_stops_guessing():
+    """Three even calls and one uneven, over and over: each declined guess doubles the even calls
+    in a row the next waits for, so after two periods no call pays for a guess (a period is then
+    the sizes and pieces after the uneven call, two calls in the width, one uneven in it: 5)."""
+    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 8):
+        periods = [sum(per_call[k:k + 4]) for k in range(0, len(per_call), 4)]
+        assert periods[:2] == [6, 6] and periods[2:] == [5] * 6, periods

@@ -1183,12 +1183,38 @@ def replicate_every_mismatch(comm, every_by_rank):
     return error, all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def all_to_all_loop_calls(comm, tag, periods):
+    """all_to_all_single on a "ud" group, `periods` times three even calls and one uneven (a
+    mixture of experts whose routing comes out even most steps): the engine calls of each."""
+    n, r = comm.world_size, comm.rank
+    options = udt.BackendOptions(deadline=20.0, communicator={"chunk_bytes": comm.options.chunk_bytes})
+    calls = []
+    with gloo_world(comm, f"a2a-loop-{tag}"):
+        group = dist.new_group(backend="ud", pg_options=options)
+        communicator = group.communicator
+        for _ in range(periods):
+            for rows_to in [lambda p, q: 2] * 3 + [lambda p, q: 1 + (p + q) % 2]:
+                source = torch.cat([torch.full((rows_to(r, q), 3), 100.0 * r + q) for q in range(n)])
+                expected = torch.cat([torch.full((rows_to(p, r), 3), 100.0 * p + r) for p in range(n)])
+                output = torch.empty_like(expected)
+                before = communicator.sequence
+                dist.all_to_all_single(output, source, group=group,
+                                       output_split_sizes=[rows_to(p, r) for p in range(n)],
+                                       input_split_sizes=[rows_to(r, q) for q in range(n)])
+                assert torch.equal(output, expected)
+                calls.append(communicator.sequence - before)
+    return calls
+
+
 def all_to_all_calls(comm, tag, inject=None):
     """all_to_all_single on a "ud" group, in an order that takes every branch of its first call's
     width (composite.all_to_all): per case, (engine calls it made, what this rank's output holds
     equals what the senders sent it). A call whose pieces fit the width the last all-even call
     agreed on is one engine call; the first of a group, one after uneven pieces or wider ones, and
-    one after a LayoutMismatch are two (the split sizes, then the pieces)."""
+    one after a LayoutMismatch are two (the split sizes, then the pieces). Before those, an even
+    call after even ones in the same shape is one (the guessed call); a call that is not what was
+    guessed on some rank pays one more (the declined guess), and each decline doubles the even
+    calls in a row the next guess waits for (1, 2, 4, ...)."""
     from ud_transport.torch import composite
 
     n, r = comm.world_size, comm.rank
@@ -1239,6 +1265,19 @@ def all_to_all_calls(comm, tag, inject=None):
         over = composite.SPECULATED_PIECE_MAX_BYTES // 12 + 1  # rows of 12 bytes: a piece past the cap
         call("even, pieces past the cap", even(over))
         call("even, pieces past the cap again", even(over))
+        call("even, pieces past the cap a third time", even(over))
+        call("even, pieces past the cap a fourth time", even(over))
+        call("even, pieces past the cap a fifth time", even(over))
+        a, b = max(n - 2, 0), n - 1  # one more row from a to b, one fewer from b to a; the rest even
+
+        def skewed(p, q):
+            return over + (p == a and q == b) - (p == b and q == a)
+
+        call("past the cap, uneven between the last two ranks", skewed,
+             output_split_sizes=[skewed(p, r) for p in range(n)], input_split_sizes=[skewed(r, q) for q in range(n)])
+        call("even past the cap after a declined guess", even(over))
+        call("even past the cap, twice after a declined guess", even(over))
+        call("even past the cap, three times after a declined guess", even(over))
         # refused on rank 0 alone (5 rows for 2 or more ranks, no sizes): the others' call ends in
         # LayoutMismatch; the next even call must pair on every rank (the width is forgotten alike)
         refused = torch.zeros(5 if r == 0 else n, 3)

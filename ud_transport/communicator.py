@@ -2,6 +2,7 @@
 import inspect
 import itertools
 import logging
+import operator
 import os
 import struct
 import threading
@@ -18,6 +19,18 @@ log = logging.getLogger("ud_transport")
 
 ON_MISS = ("raise", "return")  # what a call that misses its loss budget does (see on_miss)
 
+
+
+def agree_number(value, what="agree_value"):
+    """`value` as the 32-bit number a call's verdict agrees (ValueError for anything else; a bool
+    is 0 or 1)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer in [0, 2**32), got {value!r}") from None
+    if not 0 <= number < 2**32:
+        raise ValueError(f"{what} must be an integer in [0, 2**32), got {value!r}")
+    return number
 
 
 def _seconds(deadline):
@@ -677,7 +690,7 @@ class Communicator:
     @_documented
     @staging.stages(reads=("tensor",), writes=("output",))
     def all_to_all(self, tensor, output, *, loss_budget=None, deadline=None, chunk_mask=None, copies=None,
-                   direct_output=False, layout_salt=0, on_miss="raise"):
+                   direct_output=False, layout_salt=0, on_miss="raise", agree_value=0):
         """Exchange pieces: block q of this rank's `tensor` goes to rank q, and block p of `output`
         receives rank p's block for this rank (blocks as ``shard_range``: world_size equal parts).
 
@@ -700,6 +713,10 @@ class Communicator:
             fails may leave it partly written; `output` must then not overlap `tensor`.
         layout_salt : int, default 0
             As for all_gather: checked with the layout on every rank.
+        agree_value : int, default 0
+            A 32-bit value agreed with the call's verdict, as ``agree`` agrees one: the largest
+            any rank passed is ``stats.agreed_value`` on every rank, at no extra round. For
+            example, whether every rank's call is the one the others assumed.
         {call_parameters}
 
         {call_raises}
@@ -711,11 +728,13 @@ class Communicator:
         source, target = view_of(tensor), view_of(output)
         self._check_pair(source, target, source.count, "output", "tensor")
         self._check_all_to_all_count(source.count)
+        agree_value = agree_number(agree_value)
         if direct_output and memory_meets(source.address, source.nbytes, target.address, target.nbytes):
             raise ValueError("all_to_all with direct_output needs an output apart from the tensor it sends")
         return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, source.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
-                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss)
+                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss,
+                         agree_value=agree_value)
 
     def _check_all_to_all_count(self, count):
         if count % self.world_size:
@@ -822,8 +841,8 @@ class Communicator:
             self._require_open()
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            stripes = (None if direct_output or layout_salt or reduce_in_rank_order
-                       else self._stripes_for(collective, nbytes, mask_address))
+            stripes = (None if direct_output or layout_salt or reduce_in_rank_order or agree_value
+                       else self._stripes_for(collective, nbytes, mask_address))  # stripes agree no value
             signals = threading.current_thread() is threading.main_thread()  # Ctrl-C ends a call that waits
             self._calling = threading.get_ident()  # close() from a signal's handler in this call waits for its end
             try:

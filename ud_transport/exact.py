@@ -58,6 +58,7 @@ import weakref
 import zlib
 
 from . import staging, tensors
+from .communicator import agree_number
 from .errors import LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
@@ -124,6 +125,10 @@ def _without_autograd(collective):
         with torch.no_grad():
             return collective(*arguments, **keywords)
     return run
+
+
+class _Declined(Exception):
+    """A call whose agreed value said some rank's call is not the one the others assumed."""
 
 
 def _salt(*claim):
@@ -456,7 +461,7 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
 @staging.stages(reads=("tensor",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
 def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_to_all",
-               scratch_output=False, payload_bytes=None):
+               scratch_output=False, payload_bytes=None, agree_value=None):
     """Block q of `tensor` (any dtype, world_size blocks of equal bytes) goes to rank q, and block
     p of `output` takes rank p's block for this rank, exactly; each piece crosses the network
     once (``Communicator.all_to_all``). `output`, of `tensor`'s size, is written only on success
@@ -466,15 +471,22 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
     whole 32-bit words, the pieces land in it directly, with no copy through a buffer.
     `payload_bytes`: the caller's data in `tensor`, its own headers aside (all of it if None; the
     same on every rank): what decides whether the call is small enough to go in
-    SMALL_CALL_COPIES copies. Returns the stats of each call."""
+    SMALL_CALL_COPIES copies. `agree_value`: this rank's value (0 to 2**32 - 1), agreed with the
+    first call's verdict (the largest of every rank's); where that is not 0, every rank stops
+    there alike: `output` is not written, nothing is repaired, and the function returns None.
+    Returns the stats of each call."""
     import torch
 
     n = comm.world_size
     with _refused_in_step(comm, deadline):
         source, target = _as_torch(tensor), _as_torch(output, writes=True)
-        if source.nbytes != target.nbytes or source.nbytes % n:
+        if agree_value is not None:  # refused here, in step: every rank raises alike, none calls
+            agree_value = agree_number(agree_value)
+        if source.nbytes != target.nbytes:
             raise ValueError(f"all_to_all needs an output of the tensor's size ({source.nbytes} bytes, not "
-                             f"{target.nbytes}) in {n} blocks of equal bytes")
+                             f"{target.nbytes})")
+        if source.nbytes % n:
+            raise ValueError(f"all_to_all needs {n} blocks of equal bytes, and {source.nbytes} bytes do not divide so")
         words, _ = as_words(source)
     # payload_bytes chooses the copies: ranks that pass different ones make different calls
     salt = _salt(collective, source.nbytes) if payload_bytes is None else _salt(collective, source.nbytes, payload_bytes)
@@ -493,10 +505,17 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
         received = out_words if straight else stack.enter_context(_borrowed(comm, n * width))
 
         def attempt(mask, copies):
-            return comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                   direct_output=True, layout_salt=salt)  # received is ours (or the caller's scratch)
+            stats = comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask,
+                                    copies=copies, direct_output=True, layout_salt=salt,  # received: ours or scratch
+                                    agree_value=agree_value or 0)
+            if stats.agreed_value:  # agreed: every rank stops here (a repeat passes 0 everywhere)
+                raise _Declined(stats)
+            return stats
 
-        stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline, payload_bytes)
+        try:
+            stats = _pieces_exactly(comm, attempt, words, received, attempts, deadline, payload_bytes)
+        except _Declined:
+            return None
         if not straight:
             rows = received.view(torch.uint8).view(n, 4 * width)[:, :block_bytes]
             out_words.view(torch.uint8)[:target.nbytes].copy_(rows.reshape(-1))
