@@ -15,6 +15,7 @@ the same run, optionally under real packet loss.
     python3 scripts/exact_calls.py --hosts veth --mtu 1500 --kernel-loss 0.01 --world-size 4
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --kernel-loss 0.1 --no-gloo   # ud only
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --only all_to_all          # one operation
+    python3 scripts/exact_calls.py --world-size 8 --hosts veth --only all_to_all_uneven   # split sizes drawn each call
     python3 scripts/exact_calls.py --world-size 4 --bytes 1M --only allreduce             # the exact allreduce
     python3 scripts/exact_calls.py --world-size 8 --hosts veth --only gather,scatter      # bytes each rank received
 
@@ -91,6 +92,21 @@ def timed(comm, config):
         reduced_shard.copy_(whole[comm.rank * (count // n):(comm.rank + 1) * (count // n)])
         return calls
     groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
+    current = {"iteration": 0, "uneven": None}
+
+    def uneven(backend):
+        """all_to_all_single with split sizes drawn anew each call (as a mixture of experts routes
+        tokens): rank p sends rank q from half to 1.5 times the even piece, the same draw on every
+        rank (seeded by the call); each piece filled with 100 p + q, checked below."""
+        base = count // n
+        rows = np.random.default_rng(current["iteration"]).integers(max(1, base // 2), base * 3 // 2 + 1, size=(n, n))
+        sends, receives = rows[comm.rank].tolist(), rows[:, comm.rank].tolist()
+        source = torch.cat([torch.full((k,), 100.0 * comm.rank + q) for q, k in enumerate(sends)])
+        output = torch.empty(sum(receives), dtype=torch.float32)
+        dist.all_to_all_single(output, source, output_split_sizes=receives, input_split_sizes=sends,
+                               group=groups[backend])
+        current["uneven"] = (output, torch.cat([torch.full((k,), 100.0 * p + comm.rank) for p, k in enumerate(receives)]))
+        return None if backend == "ud" else 1
 
     def shift(backend):
         channels = getattr(groups[backend], "_channels", None)
@@ -109,6 +125,8 @@ def timed(comm, config):
         "gloo send/recv": lambda: shift("gloo"),
         "ud all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["ud"]), None)[1],
         "gloo all_to_all": lambda: (dist.all_to_all_single(routed, pieces, group=groups["gloo"]), 1)[1],
+        "ud all_to_all_uneven": lambda: uneven("ud"),
+        "gloo all_to_all_uneven": lambda: uneven("gloo"),
         # int32 SUM: exact on "ud" whatever the budget; "auto" picks the form by size and world
         "ud allreduce": lambda: len(exact.allreduce(comm, integers, "sum")),
         "ud allreduce gathered": lambda: len(exact.allreduce(comm, integers, "sum", form="gathered")),
@@ -149,6 +167,7 @@ def timed(comm, config):
             floats.fill_(comm.rank + 1)
             reduced_shard.fill_(-1)
             own.fill_(-1)
+            current["iteration"] = iteration
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             received = received_bytes()
             start = time.perf_counter()
@@ -157,6 +176,8 @@ def timed(comm, config):
             received = received_bytes() - received
             if name.endswith("broadcast"):
                 assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
+            elif name.endswith("all_to_all_uneven"):
+                assert torch.equal(*current["uneven"]), "an uneven all_to_all ended with other pieces than its senders'"
             elif name.endswith("all_to_all"):
                 want = torch.arange(n, dtype=torch.float32).repeat_interleave(count // n) * 100 + comm.rank
                 assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"
@@ -201,12 +222,14 @@ def main():
                                                                    "allreduce's gathered and sharded, ...): time what "
                                                                    "an application's call runs")
     parser.add_argument("--only", default="", help="operations to time, comma-separated (broadcast, all_gather, "
-                                                   "send/recv, all_to_all, allreduce, allreduce_float, "
+                                                   "send/recv, all_to_all, all_to_all_uneven, allreduce, "
+                                                   "allreduce_float, "
                                                    "reduce_scatter_float, gather, scatter, barrier; "
                                                    "default: all)")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
-    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "allreduce", "allreduce_float",
+    unknown = set(only) - {"broadcast", "all_gather", "send/recv", "all_to_all", "all_to_all_uneven", "allreduce",
+                           "allreduce_float",
                            "reduce_scatter_float", "gather", "scatter", "barrier"}
     if unknown:
         parser.error(f"--only: unknown operations {sorted(unknown)}")

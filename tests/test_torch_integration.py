@@ -662,7 +662,8 @@ def test_a_small_synchronous_call_runs_on_its_callers_thread_and_an_asynchronous
 ALL_TO_ALL_CALLS = {  # engine calls per case without loss (tests/torch_tasks.py::all_to_all_calls)
     "even, the group's first": 2, "even again": 1, "even, sizes given": 1,
     "uneven, within the width": 2,  # the declined guess, then the padded call (declines: 1)
-    "even after uneven": 2, "even, the same": 1,  # the width, not a guess: it waits for 2 in a row
+    "even after uneven": 1,  # within the uneven call's widest and a quarter
+    "even, the same": 1,  # the width, not a guess: it waits for 2 in a row
     "even, wider": 3,  # guessed (2 in a row) and declined (declines: 2), the sizes, the pieces
     "uneven, within the wider width": 1, "even, wider again": 2, "uneven, wider than the width": 2,
     "even, no rows": 1, "even, one": 2, "even, one again": 1, "even, pieces past the cap": 2,
@@ -697,8 +698,17 @@ def test_all_to_all_single_is_one_engine_call_where_its_pieces_fit_the_last_even
 
 def test_an_all_to_all_loop_that_alternates_shapes_stops_guessing():
     """Three even calls and one uneven, over and over: each declined guess doubles the even calls
-    in a row the next waits for, so after two periods no call pays for a guess (a period is then
-    the sizes and pieces after the uneven call, two calls in the width, one uneven in it: 5)."""
-    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 8):
+    in a row the next waits for, so from the third period on no call pays for a guess: every call
+    fits the width the last one left (its widest piece, and a quarter more after an uneven one)
+    and is one call."""
+    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 8, "EEEU"):
         periods = [sum(per_call[k:k + 4]) for k in range(0, len(per_call), 4)]
-        assert periods[:2] == [6, 6] and periods[2:] == [5] * 6, periods
+        assert periods[:2] == [6, 5] and periods[2:] == [4] * 6, periods
+
+
+def test_an_uneven_all_to_all_loop_is_one_call_a_step():
+    """Split sizes that change every call (a mixture of experts' routing): after the group's first
+    call (the sizes, then the pieces), each call's pieces fit the last one's widest and a quarter,
+    so the sizes travel with the pieces in one call."""
+    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 4, "UV"):
+        assert per_call == [2] + [1] * 7, per_call

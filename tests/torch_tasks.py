@@ -1183,9 +1183,10 @@ def replicate_every_mismatch(comm, every_by_rank):
     return error, all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def all_to_all_loop_calls(comm, tag, periods):
-    """all_to_all_single on a "ud" group, `periods` times three even calls and one uneven (a
-    mixture of experts whose routing comes out even most steps): the engine calls of each."""
+def all_to_all_loop_calls(comm, tag, periods, pattern):
+    """all_to_all_single on a "ud" group, `periods` times `pattern` ("E": an even call, "U": an
+    uneven one, rows 1 or 2, "V": another uneven one, rows 2 or 1; "EEEU" is a mixture of experts
+    whose routing comes out even most steps): the engine calls of each."""
     n, r = comm.world_size, comm.rank
     options = udt.BackendOptions(deadline=20.0, communicator={"chunk_bytes": comm.options.chunk_bytes})
     calls = []
@@ -1193,7 +1194,8 @@ def all_to_all_loop_calls(comm, tag, periods):
         group = dist.new_group(backend="ud", pg_options=options)
         communicator = group.communicator
         for _ in range(periods):
-            for rows_to in [lambda p, q: 2] * 3 + [lambda p, q: 1 + (p + q) % 2]:
+            kinds = {"E": lambda p, q: 2, "U": lambda p, q: 1 + (p + q) % 2, "V": lambda p, q: 2 - (p + q) % 2}
+            for rows_to in [kinds[kind] for kind in pattern]:
                 source = torch.cat([torch.full((rows_to(r, q), 3), 100.0 * r + q) for q in range(n)])
                 expected = torch.cat([torch.full((rows_to(p, r), 3), 100.0 * p + r) for p in range(n)])
                 output = torch.empty_like(expected)

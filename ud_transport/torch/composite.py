@@ -76,12 +76,12 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     sender's split sizes, so every rank reads every rank's and checks them against each other: a
     mismatch is the same `ValueError` on every rank.
 
-    That first call's pieces are padded to the width of the group's last all_to_all if every one
-    of its pieces was full (an even split everywhere, the steady state of a training loop; after
-    an uneven call, none): where this call's pieces fit, the first call is the whole exchange.
-    Otherwise (the first call of a group, uneven pieces before, wider ones now) it carries the
-    split sizes alone, and the pieces follow in a second call, padded to the largest (or straight
-    from `source` where every piece is full). Before all that, after even calls in one shape, a
+    That first call's pieces are padded to the width of the group's last all_to_all's widest
+    piece (a quarter more after an uneven call: _next_width): where this call's pieces fit, the
+    first call is the whole exchange. Otherwise (the first call of a group, wider pieces now, or
+    past SPECULATED_PIECE_MAX_BYTES) it carries the split sizes alone, and the pieces follow in
+    a second call, padded to the largest (or straight from `source` where every piece is full).
+    Before all that, after even calls in one shape, a
     call goes straight from `source` and agrees in its verdict whether every rank's was that
     shape (_even_call); only where one rank's was not does the rest follow. The width and the
     shape are chosen from agreed tables and verdicts only, so every rank makes the same calls; a
@@ -105,7 +105,7 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     _check_table(table, n)
     widest = int(table[:, :n].max()) * row_bytes  # the largest piece any rank sends any rank
     full = bool((table[:, :2 * n] * row_bytes == widest).all())  # every piece that wide: no padding
-    _speculated[comm] = (widest if full and widest <= SPECULATED_PIECE_MAX_BYTES else 0, comm.layout_mismatches)
+    _speculated[comm] = (_next_width(widest, full, row_bytes), comm.layout_mismatches)
     _note_even(comm, (widest, row_bytes, element) if full and widest else None)
     if widest == 0 or widest <= width:
         _copy_out(output, pieces, receives, row_bytes, _header_bytes(n))
@@ -206,6 +206,20 @@ def _even_call(comm, flat, output, sends, receives, row_bytes, element, deadline
 def _header_bytes(world_size):
     """A piece's header: its sender's sends and receives (rows per rank), row elements and element bytes."""
     return 8 * (2 * world_size + 2)
+
+
+def _next_width(widest, full, row_bytes):
+    """The width the next first call pads its pieces to, after a call whose widest piece was
+    `widest` (all of them, if `full`): that width for an even call; for an uneven one (a mixture
+    of experts' routing, drawn anew each step) UNEVEN_HEADROOM more, in whole rows, so that the
+    next call's pieces mostly fit and it goes in one call, not the sizes first and the pieces
+    after; 0 (no padding: the sizes alone) past SPECULATED_PIECE_MAX_BYTES."""
+    width = widest if full else -(-widest * UNEVEN_HEADROOM[0] // (UNEVEN_HEADROOM[1] * row_bytes)) * row_bytes
+    return width if width <= SPECULATED_PIECE_MAX_BYTES else 0
+
+
+# After an uneven call, the next first call pads its pieces to the widest piece and a quarter.
+UNEVEN_HEADROOM = (5, 4)
 
 
 def _speculated_width(comm):
