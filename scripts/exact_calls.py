@@ -91,21 +91,29 @@ def timed(comm, config):
         calls = len(exact.allreduce(comm, whole, "sum", form=fallback_form))
         reduced_shard.copy_(whole[comm.rank * (count // n):(comm.rank + 1) * (count // n)])
         return calls
-    groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo")}
-    current = {"iteration": 0, "uneven": None}
+    # the uneven all-to-all on a "ud" group of its own: its shapes would reset the even one's guess
+    groups = {"ud": dist.new_group(backend="ud"), "gloo": dist.new_group(backend="gloo"),
+              "ud uneven": dist.new_group(backend="ud")}
+    uneven_case = {}
+
+    def draw_uneven(iteration):
+        """An all_to_all_single's split sizes drawn anew each call (as a mixture of experts routes
+        tokens): rank p sends rank q from half to 1.5 times the even piece, the same draw on every
+        rank (seeded by the call); each piece filled with 100 p + q. Made before the call's clock
+        starts; ud and Gloo get the same sizes."""
+        base = count // n
+        rows = np.random.default_rng(iteration).integers(base // 2, base * 3 // 2 + 1, size=(n, n))
+        sends, receives = rows[comm.rank].tolist(), rows[:, comm.rank].tolist()
+        uneven_case.update(
+            sends=sends, receives=receives,
+            source=torch.cat([torch.full((k,), 100.0 * comm.rank + q) for q, k in enumerate(sends)]),
+            output=torch.empty(sum(receives), dtype=torch.float32),
+            want=torch.cat([torch.full((k,), 100.0 * p + comm.rank) for p, k in enumerate(receives)]))
 
     def uneven(backend):
-        """all_to_all_single with split sizes drawn anew each call (as a mixture of experts routes
-        tokens): rank p sends rank q from half to 1.5 times the even piece, the same draw on every
-        rank (seeded by the call); each piece filled with 100 p + q, checked below."""
-        base = count // n
-        rows = np.random.default_rng(current["iteration"]).integers(max(1, base // 2), base * 3 // 2 + 1, size=(n, n))
-        sends, receives = rows[comm.rank].tolist(), rows[:, comm.rank].tolist()
-        source = torch.cat([torch.full((k,), 100.0 * comm.rank + q) for q, k in enumerate(sends)])
-        output = torch.empty(sum(receives), dtype=torch.float32)
-        dist.all_to_all_single(output, source, output_split_sizes=receives, input_split_sizes=sends,
-                               group=groups[backend])
-        current["uneven"] = (output, torch.cat([torch.full((k,), 100.0 * p + comm.rank) for p, k in enumerate(receives)]))
+        case = uneven_case
+        dist.all_to_all_single(case["output"], case["source"], output_split_sizes=case["receives"],
+                               input_split_sizes=case["sends"], group=groups["ud uneven" if backend == "ud" else "gloo"])
         return None if backend == "ud" else 1
 
     def shift(backend):
@@ -155,6 +163,8 @@ def timed(comm, config):
         operations = {name: run for name, run in operations.items() if name.startswith("ud ")}
     if config["only"]:
         operations = {name: run for name, run in operations.items() if name.split(" ")[1] in config["only"]}
+    if count // n < 4:  # pieces of under 4 elements cannot be drawn uneven around their size
+        operations = {name: run for name, run in operations.items() if not name.endswith("all_to_all_uneven")}
     if config["auto_only"]:  # no forced forms: "ud allreduce sharded" and the like have a third word
         operations = {name: run for name, run in operations.items() if len(name.split(" ")) == 2 or name.endswith(" group")}
     results = {name: ([], [], []) for name in operations}
@@ -167,7 +177,8 @@ def timed(comm, config):
             floats.fill_(comm.rank + 1)
             reduced_shard.fill_(-1)
             own.fill_(-1)
-            current["iteration"] = iteration
+            if name.endswith("all_to_all_uneven"):
+                draw_uneven(iteration)
             store_barrier(comm.store, comm.rank, n, f"{name}/{iteration}")
             received = received_bytes()
             start = time.perf_counter()
@@ -177,7 +188,8 @@ def timed(comm, config):
             if name.endswith("broadcast"):
                 assert torch.all(tensor == 0), "a broadcast ended with other values than the root's"
             elif name.endswith("all_to_all_uneven"):
-                assert torch.equal(*current["uneven"]), "an uneven all_to_all ended with other pieces than its senders'"
+                assert torch.equal(uneven_case["output"], uneven_case["want"]), \
+                    "an uneven all_to_all ended with other pieces than its senders'"
             elif name.endswith("all_to_all"):
                 want = torch.arange(n, dtype=torch.float32).repeat_interleave(count // n) * 100 + comm.rank
                 assert torch.equal(routed, want), "an all_to_all ended with other pieces than its senders'"

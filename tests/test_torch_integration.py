@@ -708,7 +708,11 @@ def test_an_all_to_all_loop_that_alternates_shapes_stops_guessing():
 
 def test_an_uneven_all_to_all_loop_is_one_call_a_step():
     """Split sizes that change every call (a mixture of experts' routing): after the group's first
-    call (the sizes, then the pieces), each call's pieces fit the last one's widest and a quarter,
-    so the sizes travel with the pieces in one call."""
-    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 4, "UV"):
+    call (the sizes, then the pieces), each call's pieces fit the last one's widest and a quarter
+    (V's widest, 10 rows, is past W's 8 but within its 10), so the sizes travel with the pieces in
+    one call. A widest piece that a quarter more takes past 128 KiB leaves no width: the next call
+    sends its sizes first again."""
+    for per_call in get_cluster(3, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 4, "WV"):
         assert per_call == [2] + [1] * 7, per_call
+    for per_call in get_cluster(2, chunk_bytes=256).run(torch_tasks.all_to_all_loop_calls, tag(), 2, "X"):
+        assert per_call == [2, 2], per_call

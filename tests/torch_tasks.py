@@ -1184,9 +1184,11 @@ def replicate_every_mismatch(comm, every_by_rank):
 
 
 def all_to_all_loop_calls(comm, tag, periods, pattern):
-    """all_to_all_single on a "ud" group, `periods` times `pattern` ("E": an even call, "U": an
-    uneven one, rows 1 or 2, "V": another uneven one, rows 2 or 1; "EEEU" is a mixture of experts
-    whose routing comes out even most steps): the engine calls of each."""
+    """all_to_all_single on a "ud" group, `periods` times `pattern` ("E": an even call, 2 rows a
+    piece; "U": an uneven one, 1 or 2; "W": uneven, 4 to 8; "V": uneven, 6 to 10, whose widest
+    piece fits W's widest and a quarter but not W's widest; "X": uneven, up to 9,387 rows of 12
+    bytes, a widest piece under 128 KiB that a quarter more takes past it; "EEEU" is a mixture of
+    experts whose routing comes out even most steps): the engine calls of each."""
     n, r = comm.world_size, comm.rank
     options = udt.BackendOptions(deadline=20.0, communicator={"chunk_bytes": comm.options.chunk_bytes})
     calls = []
@@ -1194,7 +1196,8 @@ def all_to_all_loop_calls(comm, tag, periods, pattern):
         group = dist.new_group(backend="ud", pg_options=options)
         communicator = group.communicator
         for _ in range(periods):
-            kinds = {"E": lambda p, q: 2, "U": lambda p, q: 1 + (p + q) % 2, "V": lambda p, q: 2 - (p + q) % 2}
+            kinds = {"E": lambda p, q: 2, "U": lambda p, q: 1 + (p + q) % 2, "W": lambda p, q: 4 + (p + q) % 5,
+                     "V": lambda p, q: 10 - (p + q) % 5, "X": lambda p, q: 9000 + 387 * ((p + q) % 2)}
             for rows_to in [kinds[kind] for kind in pattern]:
                 source = torch.cat([torch.full((rows_to(r, q), 3), 100.0 * r + q) for q in range(n)])
                 expected = torch.cat([torch.full((rows_to(p, r), 3), 100.0 * p + r) for p in range(n)])

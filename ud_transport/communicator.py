@@ -841,8 +841,9 @@ class Communicator:
             self._require_open()
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
-            stripes = (None if direct_output or layout_salt or reduce_in_rank_order or agree_value
-                       else self._stripes_for(collective, nbytes, mask_address))  # stripes agree no value
+            # stripes agree no value: only collectives that never stripe (agree, all_to_all) take one
+            stripes = (None if direct_output or layout_salt or reduce_in_rank_order
+                       else self._stripes_for(collective, nbytes, mask_address))
             signals = threading.current_thread() is threading.main_thread()  # Ctrl-C ends a call that waits
             self._calling = threading.get_ident()  # close() from a signal's handler in this call waits for its end
             try:

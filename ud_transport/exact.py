@@ -473,7 +473,8 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
     same on every rank): what decides whether the call is small enough to go in
     SMALL_CALL_COPIES copies. `agree_value`: this rank's value (0 to 2**32 - 1), agreed with the
     first call's verdict (the largest of every rank's); where that is not 0, every rank stops
-    there alike: `output` is not written, nothing is repaired, and the function returns None.
+    there alike: nothing is repaired, the function returns None, and `output` is not written
+    (but for a `scratch_output`, which the pieces may already have reached).
     Returns the stats of each call."""
     import torch
 

@@ -1,8 +1,9 @@
 """The collectives c10d asks for that the engine has no schedule of its own for, built from the
 exact ones: reduce (an exact allreduce whose result only the root keeps), scatter (the exact
 scatter: each piece sent once, from the root to its rank), all-to-all on the engine's own
-all_to_all (each piece sent once, straight to its receiver, headed by its sender's split
-sizes; pieces of uneven sizes padded to the largest); and sparse allreduce. gather is the
+all_to_all (each piece straight to its receiver: in the guessed call of a repeated even
+split, bare; otherwise headed by its sender's split sizes, pieces of uneven sizes padded; a
+declined guess or a second call sends pieces again); and sparse allreduce. gather is the
 backend's, an exact gather (each shard sent once, to the root).
 
 Each function runs on the backend's worker and is called on every rank of the group alike.
@@ -71,10 +72,11 @@ def check_scatter_pieces(pieces, output, world_size):
 def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     """all_to_all_single: rows of `source` (split along dim 0 by input_splits, evenly if empty) go
     to the ranks in order; `output` gets each rank's rows for this one, in rank order (its dim 0
-    split by output_splits). Every rank's splits (even ones too: a rank may pass sizes where
-    another splits evenly, as Gloo allows) travel with the first call, each piece headed by its
-    sender's split sizes, so every rank reads every rank's and checks them against each other: a
-    mismatch is the same `ValueError` on every rank.
+    split by output_splits). Unless a guessed call (below) is the whole exchange, every rank's
+    splits (even ones too: a rank may pass sizes where another splits evenly, as Gloo allows)
+    travel with the first call, each piece headed by its sender's split sizes, so every rank reads
+    every rank's and checks them against each other: a mismatch is the same `ValueError` on every
+    rank.
 
     That first call's pieces are padded to the width of the group's last all_to_all's widest
     piece (a quarter more after an uneven call: _next_width): where this call's pieces fit, the
@@ -115,10 +117,13 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
         _copy_out(output, _pieces(comm, flat, sends, row_bytes, widest, deadline), receives, row_bytes, 0)
 
 
-# The widest piece the first call of an all_to_all pads to. Its pieces are copied into a padded
-# buffer and out of it, where the exchange of split sizes it saves is one small exact call. At 8
-# ranks on a bridge (MTU 1500) it saved a third of a 64 KiB call, and nothing of a 4 MiB one
-# (512 KiB pieces), whose copies on 2 cores cost what the exchange did (exact_allreduce.md).
+# The widest piece the first call of an all_to_all pads to (after _next_width's quarter: a width
+# past it is none, and the sizes go alone). Its pieces are copied into a padded buffer and out of
+# it, where the exchange of split sizes it saves is one small exact call. At 8 ranks on a bridge
+# (MTU 1500) it saved a third of a 64 KiB call, and nothing of a 4 MiB one (512 KiB pieces), whose
+# copies on 2 cores cost what the exchange did (exact_allreduce.md). Past it, uneven calls padded
+# to the last widest piece and a quarter took 1.25x the bytes, 7% less time at 1 MiB and 7% more
+# at 4 MiB (8 ranks; pytorch_step_time.md, "Uneven splits"), so the cap holds for them too.
 SPECULATED_PIECE_MAX_BYTES = 128 << 10
 # communicator -> (width the next all_to_all's first call pads its pieces to, layout_mismatches then)
 _speculated = weakref.WeakKeyDictionary()
@@ -130,7 +135,7 @@ _speculated = weakref.WeakKeyDictionary()
 # rank's did, that call is the whole exchange; where one rank's did not, every rank learns it from
 # the same verdict, drops that call's pieces and goes on as above. A decline costs a whole exchange
 # (the verdict follows the data), so each one doubles the even calls in a row the next guess waits
-# for (up to MOST_EVEN_CALLS_ASKED), and only as many guesses taken in a row halve it again: a loop
+# for (up to MOST_EVEN_CALLS_ASKED), and only as many guesses taken since halve it again: a loop
 # that repeats a shape fewer times than that between other calls stops guessing. Measured against
 # the padded first call alone (pytorch_step_time.md): 2 ranks on loopback, 4 KiB, 1.36-1.45x
 # Gloo's p50 against 1.76-1.83x; 8 on a bridge, 1 MiB, 26 ms against 31-33; 4 MiB (past the cap,
@@ -148,7 +153,7 @@ class _EvenGuess:
         self.shape = None      # (piece bytes, row bytes, element bytes) of the last even calls
         self.in_a_row = 0      # even calls in a row in that shape
         self.declines = 0      # the next guess waits for 2 ** declines of them
-        self.taken = 0         # guesses taken since the last change of `declines`
+        self.taken = 0         # guesses taken since the last change of `declines` (not in a row)
         self.mismatches = mismatches
 
     def wanted(self):
