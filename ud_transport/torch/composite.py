@@ -94,12 +94,14 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     row_bytes = row * element
     source = source.resolve_conj().resolve_neg()  # a conjugate view's bytes are not its values
     flat = source.contiguous().view(-1).view(torch.uint8)
-    if _assumed_even(comm) is not None and _even_call(comm, flat, output, sends, receives, row_bytes, element, deadline):
+    state = _state_of(comm)
+    if state.guess() is not None and _even_call(comm, state, flat, output, sends, receives, row_bytes, element,
+                                                deadline):
         return
-    width = _speculated_width(comm)
+    width = state.width
     # No error forgets the width here: an agreed one leaves every rank's alike, a LayoutMismatch
-    # forgets it everywhere (_speculated_width), and one rank's own (a torch error, an interrupt)
-    # would leave that rank's apart from the others' and fail the next, correct call.
+    # forgets it everywhere (_state_of), and one rank's own (a torch error, an interrupt) would
+    # leave that rank's apart from the others' and fail the next, correct call.
     pieces = _pieces(comm, flat, sends, row_bytes, width, deadline, header=sends + receives + [row, element])
     # every rank's header, as the (n, 2n + 2) table; numpy: a few microseconds an operation on a
     # table this small, where torch's take ~10
@@ -107,8 +109,8 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
     _check_table(table, n)
     widest = int(table[:, :n].max()) * row_bytes  # the largest piece any rank sends any rank
     full = bool((table[:, :2 * n] * row_bytes == widest).all())  # every piece that wide: no padding
-    _speculated[comm] = (_next_width(widest, full, row_bytes), comm.layout_mismatches)
-    _note_even(comm, (widest, row_bytes, element) if full and widest else None)
+    state.width = _next_width(widest, full, row_bytes)
+    state.note_even((widest, row_bytes, element) if full and widest else None)
     if widest == 0 or widest <= width:
         _copy_out(output, pieces, receives, row_bytes, _header_bytes(n))
     elif full:
@@ -125,8 +127,6 @@ def all_to_all(comm, output, source, output_splits, input_splits, deadline):
 # to the last widest piece and a quarter took 1.25x the bytes, 7% less time at 1 MiB and 7% more
 # at 4 MiB (8 ranks; pytorch_step_time.md, "Uneven splits"), so the cap holds for them too.
 SPECULATED_PIECE_MAX_BYTES = 128 << 10
-# communicator -> (width the next all_to_all's first call pads its pieces to, layout_mismatches then)
-_speculated = weakref.WeakKeyDictionary()
 
 
 # The guess, before any of that: once calls have been even everywhere in one shape, the next goes
@@ -145,48 +145,43 @@ _speculated = weakref.WeakKeyDictionary()
 MOST_EVEN_CALLS_ASKED = 64
 
 
-class _EvenGuess:
-    """A communicator's guess state (see above)."""
-    __slots__ = ("shape", "in_a_row", "declines", "taken", "mismatches")
+class _AllToAllState:
+    """What a group's all_to_all calls carry from one call to the next (see above), changed only
+    from agreed tables and verdicts."""
+    __slots__ = ("width", "shape", "in_a_row", "declines", "taken", "mismatches")
 
     def __init__(self, mismatches):
+        self.width = 0         # what the next first call pads its pieces to (0: the sizes alone)
         self.shape = None      # (piece bytes, row bytes, element bytes) of the last even calls
         self.in_a_row = 0      # even calls in a row in that shape
         self.declines = 0      # the next guess waits for 2 ** declines of them
         self.taken = 0         # guesses taken since the last change of `declines` (not in a row)
         self.mismatches = mismatches
 
-    def wanted(self):
-        return self.in_a_row >= min(2 ** self.declines, MOST_EVEN_CALLS_ASKED)
+    def guess(self):
+        """The shape the next call is guessed to have on every rank, or None: no guess now."""
+        wanted = self.in_a_row >= min(2 ** self.declines, MOST_EVEN_CALLS_ASKED)
+        return self.shape if self.shape is not None and wanted else None
+
+    def note_even(self, shape):
+        """After a call whose agreed table showed `shape` even everywhere (None: not even)."""
+        self.in_a_row = self.in_a_row + 1 if shape is not None and shape == self.shape else int(shape is not None)
+        self.shape = shape
 
 
-_even = weakref.WeakKeyDictionary()  # communicator -> _EvenGuess
+_states = weakref.WeakKeyDictionary()  # communicator -> _AllToAllState
 
 
-def _even_state(comm):
-    state = _even.get(comm)
+def _state_of(comm):
+    state = _states.get(comm)
     if state is None or state.mismatches != comm.layout_mismatches:  # forgotten alike on every rank
-        state = _even[comm] = _EvenGuess(comm.layout_mismatches)
+        state = _states[comm] = _AllToAllState(comm.layout_mismatches)
     return state
 
 
-def _assumed_even(comm):
-    """The shape the next call is guessed to have on every rank, or None: no guess now."""
-    state = _even_state(comm)
-    return state.shape if state.shape is not None and state.wanted() else None
-
-
-def _note_even(comm, shape):
-    """After a call whose agreed table showed `shape` even everywhere (None: not even)."""
-    state = _even_state(comm)
-    state.in_a_row = state.in_a_row + 1 if shape is not None and shape == state.shape else int(shape is not None)
-    state.shape = shape
-
-
-def _even_call(comm, flat, output, sends, receives, row_bytes, element, deadline):
+def _even_call(comm, state, flat, output, sends, receives, row_bytes, element, deadline):
     """The guessed call (see above): True if it was the whole exchange; False if some rank's call
     did not have the assumed shape (every rank alike), and nothing was written."""
-    state = _even_state(comm)
     shape = state.shape
     mine = (min(sends) == max(sends) == min(receives) == max(receives)
             and (sends[0] * row_bytes, row_bytes, element) == shape)
@@ -225,11 +220,6 @@ def _next_width(widest, full, row_bytes):
 
 # After an uneven call, the next first call pads its pieces to the widest piece and a quarter.
 UNEVEN_HEADROOM = (5, 4)
-
-
-def _speculated_width(comm):
-    width, mismatches = _speculated.get(comm, (0, None))
-    return width if mismatches == comm.layout_mismatches else 0
 
 
 def _padded(flat, sends, row_bytes, width, header=None):
