@@ -824,19 +824,38 @@ class Communicator:
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
              algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0,
              on_miss="raise", reduce_in_rank_order=False):
+        resolved = self._resolve_call(op=op, loss_budget=loss_budget, estimator=estimator, algorithm=algorithm, root=root,
+                                      agree_value=agree_value, copies=copies, direct_output=direct_output,
+                                      layout_salt=layout_salt, on_miss=on_miss, reduce_in_rank_order=reduce_in_rank_order)
+        deadline_s = _seconds(deadline)
+        mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, resolved["algorithm_name"], count,
+                                                     target.dtype_code if target else 0)
+        return self._run_resolved(collective, source, target, count, deadline_s=deadline_s, mask_address=mask_address,
+                                  mask_bytes=mask_bytes, **resolved)
+
+    def _resolve_call(self, *, op="sum", loss_budget=None, estimator=None, algorithm=None, root=0, agree_value=0,
+                      copies=None, direct_output=False, layout_salt=0, on_miss="raise", reduce_in_rank_order=False):
+        """A call's arguments (all but its buffers, mask and deadline) checked and resolved against
+        the options, as _run_resolved takes them."""
         if on_miss not in ON_MISS:
             raise ValueError(f"on_miss must be one of {ON_MISS}, got {on_miss!r}")
-        op_value = op_code(op)
-        copies = check_copies(self.options.copies if copies is None else copies)
-        estimator_value = estimator_code(estimator or self.options.estimator)
         if reduce_in_rank_order and algorithm in (None, "auto"):
             algorithm = "direct"  # the only schedule whose owners hear each contribution alone (as ring at 2 ranks)
-        algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
-        budget = self.options.default_loss_budget if loss_budget is None else float(loss_budget)  # its range: the engine's
-        deadline_s = _seconds(deadline)
+        return dict(algorithm_name=algorithms.resolve(algorithm or self.options.algorithm, self.world_size),
+                    op_value=op_code(op), estimator_value=estimator_code(estimator or self.options.estimator),
+                    copies=check_copies(self.options.copies if copies is None else copies),
+                    # its range: the engine's
+                    budget=self.options.default_loss_budget if loss_budget is None else float(loss_budget),
+                    root=root, agree_value=agree_value, direct_output=direct_output, layout_salt=layout_salt,
+                    on_miss=on_miss, reduce_in_rank_order=reduce_in_rank_order)
+
+    def _run_resolved(self, collective, source, target, count, *, algorithm_name, op_value, estimator_value, root,
+                      agree_value, budget, deadline_s, mask_address, mask_bytes, copies, direct_output, layout_salt,
+                      on_miss, reduce_in_rank_order):
+        """_run once its arguments are checked and resolved to the engine's (a caller that made the
+        same call before may keep them: ud_transport.exact's messages): the call, its stats, and
+        its status as the exception _run documents. `deadline_s`: None for the estimator's."""
         nbytes = target.nbytes if target is not None else 0
-        mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, algorithm_name, count,
-                                                     target.dtype_code if target else 0)
         with self._lock:
             self._require_open()
             if deadline_s is None:

@@ -58,7 +58,8 @@ import weakref
 import zlib
 
 from . import staging, tensors
-from .communicator import agree_number
+from . import _native
+from .communicator import _seconds, agree_number
 from .errors import LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
@@ -242,7 +243,7 @@ def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, ke
     if target.numel() == 0:
         return [attempt(fresh, 1)]
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
-    copies = SMALL_CALL_COPIES if small and target.nbytes <= SMALL_CALL_BYTES else 1
+    copies = _small_call_copies(target.nbytes) if small else 1
     with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
         if keep:
             saved.copy_(target)
@@ -367,23 +368,121 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     `collective`: what the caller's call is (e.g. "scatter"), checked across ranks with the byte
     count and `src`: ranks whose calls differ in any of them raise LayoutMismatch. Returns the
     stats of each call. On failure every rank's tensor is as it was."""
+    return _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first=True)
+
+
+@staging.stages(writes=("tensor",))
+@_without_autograd
+def _broadcast_after_whole_miss(comm, tensor, src, attempts, deadline):
+    """What broadcast() calls after its whole first call missed (message() made that call)."""
+    return _broadcast(comm, tensor, src, attempts, deadline, "broadcast", whole_first=False)
+
+
+def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
     source = comm.rank == src  # only read: a read-only array may be the source
     with _refused_in_step(comm, deadline):
         words, copy_back = as_words(tensor, writes=not source)
     # the byte count too: sizes that pad to the same words must still mismatch
     nbytes = _as_torch(tensor).nbytes
-    flat = broadcasts_flat(nbytes, comm.world_size, comm.chunk_mask("broadcast", words).size)
+    chunks = comm.chunk_mask("broadcast", words).size
+    flat = broadcasts_flat(nbytes, comm.world_size, chunks)
     # flat, it is an engine scatter: its salt must tell it from an exact.scatter claiming the same bytes
     salt = _salt(collective, src, nbytes, "flat") if flat else _salt(collective, src, nbytes)
     if flat:
         stats = _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes)
     else:
-        stats = _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
-            words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
-            layout_salt=salt), words, attempts, deadline, src=src, keep=not source)  # the root's is only read
+        stats = []
+        if whole_first and _whole_first(chunks, words.nbytes):
+            try:
+                stats = [comm.broadcast(words, src, loss_budget=0.0, deadline=deadline,
+                                        copies=_small_call_copies(words.nbytes), layout_salt=salt)]
+            except LossBudgetExceeded as missed:  # agreed: every rank goes on below, its tensor as it was
+                _another_attempt_left(comm, missed, attempts)
+                stats, attempts = [missed.stats], attempts - 1
+        if not stats or stats[0].gather_fraction < 1.0:
+            stats += _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
+                words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
+                layout_salt=salt), words, attempts, deadline, src=src, keep=not source)  # the root's is only read
     if not source:
         copy_back()
     return stats
+
+
+def _whole_first(chunks, nbytes):
+    """Whether a broadcast that is not flat, of `chunks` chunks and `nbytes` (its words), starts
+    with one call that must deliver it whole (a loss budget of 0; the engine writes the tensor
+    only then, so nothing needs keeping): a small one, which is repeated whole anyway. A miss,
+    agreed, goes on to _exactly's attempts, which keep a copy. With no loss that is the one call."""
+    return 0 < chunks < REPAIR_MIN_CHUNKS and nbytes > 0
+
+
+def _another_attempt_left(comm, missed, attempts):
+    """After a whole first call `missed` (LossBudgetExceeded), raise what an exact call that may
+    make no more calls raises, if `attempts` allows no more."""
+    if attempts <= 1:
+        raise LossBudgetExceeded(f"rank {comm.rank}: exact broadcast incomplete after its one attempt",
+                                 missed.stats) from missed
+
+
+def _small_call_copies(nbytes):
+    """The copies of a small call (_exactly's small branch) of `nbytes`."""
+    return SMALL_CALL_COPIES if nbytes <= SMALL_CALL_BYTES else 1
+
+
+# comm -> {(byte count, src): what message() needs to make broadcast()'s first call, or None where
+# it leaves the message to broadcast()}
+_message_plans = weakref.WeakKeyDictionary()
+
+
+def message(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
+    """broadcast(comm, tensor, src) for a point-to-point message (each of a "ud" group's sends and
+    receives is one, on a communicator of its two ranks), with a small message's Python cut to
+    its engine call. A contiguous host torch tensor of whole 32-bit words that broadcast() sends
+    whole first (_whole_first) makes here the same first call, with its arguments resolved once
+    per communicator, byte count and `src`, so each rank may take either function; a miss
+    (agreed) goes on as broadcast() does. On 2 cores, broadcast()'s Python around that call was
+    most of a 4 KiB message's time (docs/performance/pytorch_step_time.md, "Messages: send and
+    recv"). Anything else goes to broadcast(). Returns the stats of each call; on failure
+    `tensor` keeps its values."""
+    import torch
+
+    if type(src) is not int or not isinstance(tensor, torch.Tensor):
+        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline)  # which checks them, in step
+    nbytes = tensor.nbytes
+    plans = _message_plans.get(comm)
+    if plans is None:
+        plans = _message_plans.setdefault(comm, {})
+    plan = plans.get((nbytes, src), False)
+    if plan is False:  # the byte count and src alone decide the plan
+        plan = plans[(nbytes, src)] = _message_plan(comm, nbytes, src) if nbytes % 4 == 0 else None
+    address = tensor.data_ptr() if plan is not None else 0
+    if not (address and address % 4 == 0 and tensor.is_cpu and tensor.layout == torch.strided and tensor.is_contiguous()
+            and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())):
+        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline)
+    view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=tensor)  # the words, as as_words()'s
+    try:
+        stats = comm._run_resolved(_native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=_seconds(deadline),
+                                   mask_address=0, mask_bytes=0, **plan)
+    except LossBudgetExceeded as missed:  # agreed, and nothing written: on as broadcast() goes
+        _another_attempt_left(comm, missed, attempts)
+        return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline)
+    if comm.rank != src:
+        tensors.mark_written(tensor, address, tensor.numel())
+    return [stats]
+
+
+def _message_plan(comm, nbytes, src):
+    """The resolved arguments of broadcast()'s first call for a message of `nbytes` (whole
+    words) from `src`, where that call is a whole one (_whole_first); else None."""
+    import torch
+
+    if not 0 <= src < comm.world_size:
+        return None  # broadcast() refuses it, in step
+    chunks = comm.chunk_mask("broadcast", torch.empty(nbytes // 4, dtype=torch.int32)).size
+    if broadcasts_flat(nbytes, comm.world_size, chunks) or not _whole_first(chunks, nbytes):
+        return None
+    return comm._resolve_call(loss_budget=0.0, root=src, copies=_small_call_copies(nbytes),
+                              layout_salt=_salt("broadcast", src, nbytes))
 
 
 def broadcasts_flat(nbytes, world_size, chunks):

@@ -85,12 +85,8 @@ class TensorView:
         """The engine wrote this view's memory: tell autograd (torch counts in-place
         writes in a version counter, and a write through data_ptr is invisible to it),
         after checking the tensor still lives in that memory."""
-        if self.tensor is None:
-            return
-        if self.tensor.data_ptr() != self.address or self.tensor.numel() != self.count:
-            raise RuntimeError("the tensor was resized or given other storage (resize_, set_, .data =) during the "
-                               "collective; the result went to the memory it had when the call started")
-        _increment_version(self.tensor)
+        if self.tensor is not None:
+            mark_written(self.tensor, self.address, self.count)
 
     @property
     def nbytes(self):
@@ -135,6 +131,15 @@ def _torch_view(tensor):
     name = str(tensor.dtype).removeprefix("torch.")
     return TensorView(tensor.data_ptr(), tensor.numel(), name, tensor.element_size(),
                       pin=(tensor, tensor.untyped_storage()), tensor=tensor)
+
+
+def mark_written(tensor, address, count):
+    """The engine wrote torch `tensor` (`count` elements at `address` when its call started)
+    through that address: tell autograd, after checking the tensor still lives there."""
+    if tensor.data_ptr() != address or tensor.numel() != count:
+        raise RuntimeError("the tensor was resized or given other storage (resize_, set_, .data =) during the "
+                           "collective; the result went to the memory it had when the call started")
+    _increment_version(tensor)
 
 
 def _increment_version(tensor):

@@ -1,0 +1,52 @@
+"""exact.message: a point-to-point message (each send and receive of a "ud" group is one) makes
+broadcast()'s calls with less Python, so a rank that takes broadcast() instead still pairs with
+it; a small broadcast's first call must deliver the tensor whole (a loss budget of 0), and only a
+miss, agreed, goes on to the attempts that keep a copy; a message that fails leaves the
+receiver's tensor as it was."""
+import pytest
+
+import message_tasks as tasks
+import ud_transport
+from conftest import get_cluster
+
+
+def test_without_loss_a_message_is_one_call_whether_each_rank_takes_message_or_broadcast():
+    per_rank = get_cluster(2, chunk_bytes=256).run(tasks.messages, 1, 4, tasks.by_message_on_even_rounds_of_rank_0)
+    for rank, (outcome, plans) in enumerate(per_rank):
+        # a plan for each size of whole words (the 6-byte message went to broadcast(), as did the
+        # strided view, whose 320 bytes have a plan all the same)
+        assert plans == [(4, 1), (8, 1), (320, 1), (2800, 1), (4096, 1)], (rank, plans)
+        for index, (right, calls, collectives) in enumerate(outcome):
+            assert right, (rank, index)
+            assert (calls, collectives) == (1, {"broadcast"}), (rank, index, calls, collectives)
+
+
+@pytest.mark.parametrize("loss", [0.2, 0.5])
+def test_under_loss_every_message_arrives_whole_and_both_ranks_make_the_same_calls(loss):
+    """At 20% and 50% injected loss the whole first call often misses (a datagram whose three
+    copies were all lost), and the message goes on in the attempts that keep what arrived. Rank 0
+    takes broadcast() on odd rounds, so message() and broadcast() meet in every combination."""
+    cluster = get_cluster(2, chunk_bytes=256, inject=ud_transport.Bernoulli(loss, seed=13))
+    per_rank = [outcome for outcome, _ in cluster.run(tasks.messages, 1, 8, tasks.by_message_on_even_rounds_of_rank_0)]
+    calls = [[calls for _, calls, _ in outcome] for outcome in per_rank]
+    assert calls[0] == calls[1], calls  # every repeat is agreed
+    for rank, outcome in enumerate(per_rank):
+        for index, (right, _, collectives) in enumerate(outcome):
+            assert right, (rank, index, outcome[index])
+            assert collectives <= {"broadcast", "agree", "all_gather"}, (rank, index, collectives)
+    assert max(calls[0]) > 1, calls  # the whole first call missed somewhere: the rest was exercised
+
+
+def test_a_message_that_runs_out_of_attempts_fails_on_both_ranks_and_the_receiver_keeps_its_tensor():
+    """With one attempt, a whole first call that missed is the end: LossBudgetExceeded on both
+    ranks, and the receiver's tensor holds its old values (the engine wrote nothing). With two,
+    the attempt after it keeps a copy and puts it back."""
+    cluster = get_cluster(2, chunk_bytes=256, inject=ud_transport.Bernoulli(0.5, seed=17))
+    for attempts in (1, 2):
+        per_rank = cluster.run(tasks.failed_messages, 1, 4, attempts)
+        outcomes = [[outcome for outcome, _ in rank_out] for rank_out in per_rank]
+        assert outcomes[0] == outcomes[1], outcomes  # one verdict
+        assert "LossBudgetExceeded" in outcomes[0], outcomes  # 50% loss: some message runs out
+        for rank, rank_out in enumerate(per_rank):
+            for index, (outcome, as_wanted) in enumerate(rank_out):
+                assert as_wanted, (attempts, rank, index, outcome)
