@@ -4,7 +4,7 @@ import torch
 from ud_transport import exact
 from ud_transport.errors import LossBudgetExceeded
 
-# (element count, dtype name, contiguous): message() takes the contiguous ones of whole 32-bit
+# (element count, dtype name, contiguous): small_broadcast() takes the contiguous ones of whole 32-bit
 # words; the others (6 bytes, a strided view) go to broadcast(), which must pair with it
 CASES = [(1024, "float32", True), (3, "uint8", True), (2, "float16", True), (700, "int32", True),
          (40, "float64", False), (1, "int64", True)]
@@ -23,18 +23,18 @@ def _tensors(comm, src, count, dtype_name, contiguous, round_):
 
 
 def messages(comm, src, rounds, takes_message):
-    """Each case of CASES `rounds` times, from `src`: by message() where takes_message(rank,
+    """Each case of CASES `rounds` times, from `src`: by small_broadcast() where takes_message(rank,
     round) says so, else by broadcast(). Per message (whether the tensor ended with the root's
     values, how many engine calls it took, their collectives); then the (byte count, src) of
-    each plan message() made for its own calls."""
+    each plan small_broadcast() made for its own calls."""
     out = []
     for round_ in range(rounds):
         for count, dtype_name, contiguous in CASES:
             sent, _, mine = _tensors(comm, src, count, dtype_name, contiguous, round_)
-            send = exact.message if takes_message(comm.rank, round_) else exact.broadcast
+            send = exact.small_broadcast if takes_message(comm.rank, round_) else exact.broadcast
             stats = send(comm, mine, src, deadline=10.0)
             out.append((torch.equal(mine, sent), len(stats), {s.collective for s in stats}))
-    return out, sorted(key for key, plan in exact._message_plans.get(comm, {}).items() if plan is not None)
+    return out, sorted(key for key, plan in exact._broadcast_plans.get(comm, {}).items() if plan is not None)
 
 
 def by_message_on_even_rounds_of_rank_0(rank, round_):
@@ -50,7 +50,7 @@ def failed_messages(comm, src, rounds, attempts):
         for count, dtype_name, contiguous in CASES:
             sent, old, mine = _tensors(comm, src, count, dtype_name, contiguous, round_)
             try:
-                exact.message(comm, mine, src, attempts=attempts, deadline=10.0)
+                exact.small_broadcast(comm, mine, src, attempts=attempts, deadline=10.0)
                 outcome = "no error"
             except LossBudgetExceeded:
                 outcome = "LossBudgetExceeded"

@@ -1,6 +1,6 @@
-"""exact.message: a point-to-point message (each send and receive of a "ud" group is one) makes
-broadcast()'s calls with less Python, so a rank that takes broadcast() instead still pairs with
-it; a small broadcast's first call must deliver the tensor whole (a loss budget of 0), and only a
+"""exact.small_broadcast, as each point-to-point message of a "ud" group (a send and its receive)
+and each of its broadcasts runs: it makes broadcast()'s calls with less Python, so a rank that
+takes broadcast() instead still pairs with it; a small broadcast's first call must deliver the tensor whole (a loss budget of 0), and only a
 miss, agreed, goes on to the attempts that keep a copy; a message that fails leaves the
 receiver's tensor as it was."""
 import pytest
@@ -15,7 +15,7 @@ def test_without_loss_a_message_is_one_call_whether_each_rank_takes_message_or_b
     for rank, (outcome, plans) in enumerate(per_rank):
         # a plan for each size of whole words (the 6-byte message went to broadcast(), as did the
         # strided view, whose 320 bytes have a plan all the same)
-        assert plans == [(4, 1), (8, 1), (320, 1), (2800, 1), (4096, 1)], (rank, plans)
+        assert plans == [(size, 1, "broadcast") for size in (4, 8, 320, 2800, 4096)], (rank, plans)
         for index, (right, calls, collectives) in enumerate(outcome):
             assert right, (rank, index)
             assert (calls, collectives) == (1, {"broadcast"}), (rank, index, calls, collectives)
@@ -25,7 +25,7 @@ def test_without_loss_a_message_is_one_call_whether_each_rank_takes_message_or_b
 def test_under_loss_every_message_arrives_whole_and_both_ranks_make_the_same_calls(loss):
     """At 20% and 50% injected loss the whole first call often misses (a datagram whose three
     copies were all lost), and the message goes on in the attempts that keep what arrived. Rank 0
-    takes broadcast() on odd rounds, so message() and broadcast() meet in every combination."""
+    takes broadcast() on odd rounds, so small_broadcast() and broadcast() meet in every combination."""
     cluster = get_cluster(2, chunk_bytes=256, inject=ud_transport.Bernoulli(loss, seed=13))
     per_rank = [outcome for outcome, _ in cluster.run(tasks.messages, 1, 8, tasks.by_message_on_even_rounds_of_rank_0)]
     calls = [[calls for _, calls, _ in outcome] for outcome in per_rank]

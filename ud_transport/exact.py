@@ -373,9 +373,9 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
 
 @staging.stages(writes=("tensor",))
 @_without_autograd
-def _broadcast_after_whole_miss(comm, tensor, src, attempts, deadline):
-    """What broadcast() calls after its whole first call missed (message() made that call)."""
-    return _broadcast(comm, tensor, src, attempts, deadline, "broadcast", whole_first=False)
+def _broadcast_after_whole_miss(comm, tensor, src, attempts, deadline, collective):
+    """What broadcast() calls after its whole first call missed (small_broadcast() made that call)."""
+    return _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first=False)
 
 
 def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
@@ -429,51 +429,55 @@ def _small_call_copies(nbytes):
     return SMALL_CALL_COPIES if nbytes <= SMALL_CALL_BYTES else 1
 
 
-# comm -> {(byte count, src): what message() needs to make broadcast()'s first call, or None where
-# it leaves the message to broadcast()}
-_message_plans = weakref.WeakKeyDictionary()
+# comm -> {(byte count, src, collective): the resolved arguments of broadcast()'s whole first call
+# for them, or None where small_broadcast() leaves the call to broadcast()}
+_broadcast_plans = weakref.WeakKeyDictionary()
+_BROADCAST_PLANS_KEPT = 64  # per communicator: a group's broadcasts of many list shapes start again past it
 
 
-def message(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=None):
-    """broadcast(comm, tensor, src) for a point-to-point message (each of a "ud" group's sends and
-    receives is one, on a communicator of its two ranks), with a small message's Python cut to
-    its engine call. A contiguous host torch tensor of whole 32-bit words that broadcast() sends
-    whole first (_whole_first) makes here the same first call, with its arguments resolved once
-    per communicator, byte count and `src`, so each rank may take either function; a miss
-    (agreed) goes on as broadcast() does. On 2 cores, broadcast()'s Python around that call was
-    most of a 4 KiB message's time (docs/performance/pytorch_step_time.md, "Messages: send and
-    recv"). Anything else goes to broadcast(). Returns the stats of each call; on failure
-    `tensor` keeps its values."""
+def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="broadcast"):
+    """broadcast(comm, tensor, src) with a small call's Python cut to its engine call: each
+    message of a "ud" group (a send and its receive, a broadcast on a communicator of their two
+    ranks) and a group's broadcast. A contiguous host torch tensor of whole 32-bit words that
+    broadcast() sends whole first (_whole_first) makes here the same first call, its arguments
+    resolved once per communicator, byte count, `src` and `collective`, so each rank may take
+    either function; a miss (agreed) goes on as broadcast() does. On 2 cores, broadcast()'s
+    Python around that call was most of a 4 KiB message's time (docs/performance/
+    pytorch_step_time.md, "Messages: send and recv"). Anything else goes to broadcast().
+    Returns the stats of each call; on failure `tensor` keeps its values."""
     import torch
 
     if type(src) is not int or not isinstance(tensor, torch.Tensor):
-        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline)  # which checks them, in step
+        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)  # it checks them
     nbytes = tensor.nbytes
-    plans = _message_plans.get(comm)
+    plans = _broadcast_plans.get(comm)
     if plans is None:
-        plans = _message_plans.setdefault(comm, {})
-    plan = plans.get((nbytes, src), False)
-    if plan is False:  # the byte count and src alone decide the plan
-        plan = plans[(nbytes, src)] = _message_plan(comm, nbytes, src) if nbytes % 4 == 0 else None
+        plans = _broadcast_plans.setdefault(comm, {})
+    key = (nbytes, src, collective)
+    plan = plans.get(key, False)
+    if plan is False:  # the byte count, src and claim alone decide the plan
+        if len(plans) >= _BROADCAST_PLANS_KEPT:
+            plans.clear()
+        plan = plans[key] = _broadcast_plan(comm, nbytes, src, collective) if nbytes % 4 == 0 else None
     address = tensor.data_ptr() if plan is not None else 0
     if not (address and address % 4 == 0 and tensor.is_cpu and tensor.layout == torch.strided and tensor.is_contiguous()
             and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())):
-        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline)
+        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)
     view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=tensor)  # the words, as as_words()'s
     try:
         stats = comm._run_resolved(_native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=_seconds(deadline),
                                    mask_address=0, mask_bytes=0, **plan)
     except LossBudgetExceeded as missed:  # agreed, and nothing written: on as broadcast() goes
         _another_attempt_left(comm, missed, attempts)
-        return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline)
+        return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
     if comm.rank != src:
         tensors.mark_written(tensor, address, tensor.numel())
     return [stats]
 
 
-def _message_plan(comm, nbytes, src):
-    """The resolved arguments of broadcast()'s first call for a message of `nbytes` (whole
-    words) from `src`, where that call is a whole one (_whole_first); else None."""
+def _broadcast_plan(comm, nbytes, src, collective):
+    """The resolved arguments of broadcast()'s first call of `nbytes` (whole words) from `src`
+    claiming `collective`, where that call is a whole one (_whole_first); else None."""
     import torch
 
     if not 0 <= src < comm.world_size:
@@ -482,7 +486,7 @@ def _message_plan(comm, nbytes, src):
     if broadcasts_flat(nbytes, comm.world_size, chunks) or not _whole_first(chunks, nbytes):
         return None
     return comm._resolve_call(loss_budget=0.0, root=src, copies=_small_call_copies(nbytes),
-                              layout_salt=_salt("broadcast", src, nbytes))
+                              layout_salt=_salt(collective, src, nbytes))
 
 
 def broadcasts_flat(nbytes, world_size, chunks):

@@ -375,8 +375,8 @@ class ProcessGroupUD(dist.ProcessGroup):
         def run():
             for index, tensor in enumerate(staged.hosts(tensors)):
                 self.exact_calls += 1
-                exact.broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
-                                collective=_claim("broadcast", index, tensors))
+                exact.small_broadcast(self.communicator, tensor, root, deadline=self.config.deadline,
+                                      collective=_claim("broadcast", index, tensors))
         return self._submit(run, tensors, inline=_small(tensors), staged=staged, opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):

@@ -392,7 +392,7 @@ class Channels:
     def _message_locked(self, tensor, key, internal=False, finished=None, staged=None):
         """Both ends make the same call: a broadcast from the channel's sender."""
         def move(comm):
-            stats = exact.message(comm, staged.host(tensor) if staged else tensor, SENDER, deadline=self._deadline)
+            stats = exact.small_broadcast(comm, staged.host(tensor) if staged else tensor, SENDER, deadline=self._deadline)
             with self._lock:
                 self.calls += len(stats)
                 self.injected_drops += sum(s.injected_drops for s in stats)
