@@ -25,15 +25,15 @@ def _tensors(comm, src, count, dtype_name, contiguous, round_):
 def messages(comm, src, rounds, takes_message):
     """Each case of CASES `rounds` times, from `src`: by small_broadcast() where takes_message(rank,
     round) says so, else by broadcast(). Per message (whether the tensor ended with the root's
-    values, how many engine calls it took, their collectives); then the (byte count, src) of
-    each plan small_broadcast() made for its own calls."""
+    values, how many engine calls it took, their collectives, the payload bytes this rank sent in
+    the first); then the (byte count, src, claim) of each plan small_broadcast() made."""
     out = []
     for round_ in range(rounds):
         for count, dtype_name, contiguous in CASES:
             sent, _, mine = _tensors(comm, src, count, dtype_name, contiguous, round_)
             send = exact.small_broadcast if takes_message(comm.rank, round_) else exact.broadcast
             stats = send(comm, mine, src, deadline=10.0)
-            out.append((torch.equal(mine, sent), len(stats), {s.collective for s in stats}))
+            out.append((torch.equal(mine, sent), len(stats), {s.collective for s in stats}, stats[0].payload_bytes_sent))
     return out, sorted(key for key, plan in exact._broadcast_plans.get(comm, {}).items() if plan is not None)
 
 

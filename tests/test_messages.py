@@ -4,6 +4,7 @@ takes broadcast() instead still pairs with it; a small broadcast's first call mu
 miss, agreed, goes on to the attempts that keep a copy; a message that fails leaves the
 receiver's tensor as it was."""
 import pytest
+import torch
 
 import message_tasks as tasks
 import ud_transport
@@ -16,9 +17,12 @@ def test_without_loss_a_message_is_one_call_whether_each_rank_takes_message_or_b
         # a plan for each size of whole words (the 6-byte message went to broadcast(), as did the
         # strided view, whose 320 bytes have a plan all the same)
         assert plans == [(size, 1, "broadcast") for size in (4, 8, 320, 2800, 4096)], (rank, plans)
-        for index, (right, calls, collectives) in enumerate(outcome):
+        for index, (right, calls, collectives, sent) in enumerate(outcome):
             assert right, (rank, index)
             assert (calls, collectives) == (1, {"broadcast"}), (rank, index, calls, collectives)
+            count, dtype_name, _ = tasks.CASES[index % len(tasks.CASES)]
+            nbytes = count * getattr(torch, dtype_name).itemsize
+            assert sent == (-(-nbytes // 4) * 4 if rank == 1 else 0), (rank, index, sent)  # each datagram once
 
 
 @pytest.mark.parametrize("loss", [0.2, 0.5])
@@ -28,13 +32,17 @@ def test_under_loss_every_message_arrives_whole_and_both_ranks_make_the_same_cal
     takes broadcast() on odd rounds, so small_broadcast() and broadcast() meet in every combination."""
     cluster = get_cluster(2, chunk_bytes=256, inject=ud_transport.Bernoulli(loss, seed=13))
     per_rank = [outcome for outcome, _ in cluster.run(tasks.messages, 1, 8, tasks.by_message_on_even_rounds_of_rank_0)]
-    calls = [[calls for _, calls, _ in outcome] for outcome in per_rank]
+    calls = [[calls for _, calls, _, _ in outcome] for outcome in per_rank]
     assert calls[0] == calls[1], calls  # every repeat is agreed
     for rank, outcome in enumerate(per_rank):
-        for index, (right, _, collectives) in enumerate(outcome):
+        for index, (right, _, collectives, _) in enumerate(outcome):
             assert right, (rank, index, outcome[index])
             assert collectives <= {"broadcast", "agree", "all_gather"}, (rank, index, collectives)
     assert max(calls[0]) > 1, calls  # the whole first call missed somewhere: the rest was exercised
+    # after a miss in one copy, the next whole first calls go in SMALL_CALL_COPIES: the root sent
+    # some first call's payload three times over
+    firsts = [sent for _, _, _, sent in per_rank[1]]
+    assert any(sent > 2 * min(firsts) for sent in firsts) and min(firsts) > 0, firsts
 
 
 def test_a_message_that_runs_out_of_attempts_fails_on_both_ranks_and_the_receiver_keeps_its_tensor():
@@ -50,3 +58,37 @@ def test_a_message_that_runs_out_of_attempts_fails_on_both_ranks_and_the_receive
         for rank, rank_out in enumerate(per_rank):
             for index, (outcome, as_wanted) in enumerate(rank_out):
                 assert as_wanted, (attempts, rank, index, outcome)
+
+
+def test_whole_first_calls_go_in_one_copy_until_one_misses_then_in_three_for_a_while():
+    """The copies of a communicator's whole first calls, from their agreed outcomes alone: one
+    copy while they arrive whole; after a miss in one copy, WHOLE_FIRST_COPIED_CALLS calls in
+    SMALL_CALL_COPIES, doubled at each later miss (to WHOLE_FIRST_COPIED_MAX), halved by as many
+    whole single-copy calls in a row; calls larger than SMALL_CALL_BYTES always in one and
+    noted not at all; a LayoutMismatch starts afresh."""
+    from ud_transport.exact import (SMALL_CALL_BYTES, SMALL_CALL_COPIES, WHOLE_FIRST_COPIED_CALLS,
+                                    WHOLE_FIRST_COPIED_MAX, _WholeFirstCopies)
+
+    copying = _WholeFirstCopies()
+    small, large = 4096, SMALL_CALL_BYTES + 4
+
+    def call(missed, nbytes=small):
+        copies = copying.copies(nbytes)
+        copying.note(copies, nbytes, missed)
+        return copies
+    assert [call(False) for _ in range(5)] == [1] * 5
+    assert call(True) == 1  # the miss
+    assert [call(False) for _ in range(WHOLE_FIRST_COPIED_CALLS)] == [SMALL_CALL_COPIES] * WHOLE_FIRST_COPIED_CALLS
+    assert call(True) == 1  # missed again in one copy: twice as long in copies
+    assert [call(False) for _ in range(2 * WHOLE_FIRST_COPIED_CALLS)] == [SMALL_CALL_COPIES] * (2 * WHOLE_FIRST_COPIED_CALLS)
+    assert call(True, large) == 1 and call(False) == 1  # a large miss neither counts nor copies
+    for _ in range(2 * WHOLE_FIRST_COPIED_CALLS):  # as many whole in a row halve the wait
+        assert call(False) == 1
+    assert copying.wait == WHOLE_FIRST_COPIED_CALLS
+    for _ in range(20):
+        call(True)
+        while copying.left:
+            call(False)
+    assert copying.wait == WHOLE_FIRST_COPIED_MAX
+    copying.reset()
+    assert (copying.copies(small), copying.wait) == (1, 0)

@@ -60,7 +60,7 @@ import zlib
 from . import staging, tensors
 from . import _native
 from .communicator import _seconds, agree_number
-from .errors import LossBudgetExceeded, TransportError
+from .errors import LayoutMismatch, LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
 # From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
@@ -393,12 +393,19 @@ def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
     else:
         stats = []
         if whole_first and _whole_first(chunks, words.nbytes):
+            copying = _whole_first_copies(comm)
+            copies = copying.copies(words.nbytes)
             try:
-                stats = [comm.broadcast(words, src, loss_budget=0.0, deadline=deadline,
-                                        copies=_small_call_copies(words.nbytes), layout_salt=salt)]
+                stats = [comm.broadcast(words, src, loss_budget=0.0, deadline=deadline, copies=copies,
+                                        layout_salt=_salt(collective, src, nbytes, copies))]
+                copying.note(copies, words.nbytes, missed=False)
             except LossBudgetExceeded as missed:  # agreed: every rank goes on below, its tensor as it was
+                copying.note(copies, words.nbytes, missed=True)
                 _another_attempt_left(comm, missed, attempts)
                 stats, attempts = [missed.stats], attempts - 1
+            except LayoutMismatch:
+                copying.reset()
+                raise
         if not stats or stats[0].gather_fraction < 1.0:
             stats += _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
                 words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
@@ -414,6 +421,59 @@ def _whole_first(chunks, nbytes):
     only then, so nothing needs keeping): a small one, which is repeated whole anyway. A miss,
     agreed, goes on to _exactly's attempts, which keep a copy. With no loss that is the one call."""
     return 0 < chunks < REPAIR_MIN_CHUNKS and nbytes > 0
+
+
+# after a whole first call in one copy missed, the next ones go in SMALL_CALL_COPIES for this many
+# calls, doubled at each such miss up to WHOLE_FIRST_COPIED_MAX (_WholeFirstCopies)
+WHOLE_FIRST_COPIED_CALLS = 16
+WHOLE_FIRST_COPIED_MAX = 1024
+_whole_first_copying = weakref.WeakKeyDictionary()  # comm -> _WholeFirstCopies
+
+
+class _WholeFirstCopies:
+    """The copies a communicator's whole first calls of at most SMALL_CALL_BYTES go in. One while
+    they arrive whole: on a clean network each datagram once, as Gloo sends it (at 8 ranks on a
+    bridge a 4 KiB message in three copies took 1.23-1.31x Gloo's time in one, against 1.67-1.69x,
+    docs/performance/pytorch_step_time.md). After one in a single copy missed, the next `wait` go
+    in SMALL_CALL_COPIES, where a datagram is lost only with all its copies, so that under loss a
+    small call rarely needs more than its first call; `wait` starts at WHOLE_FIRST_COPIED_CALLS
+    and doubles with each such miss up to WHOLE_FIRST_COPIED_MAX, and `wait` single-copy calls
+    whole in a row halve it. What it reads is each call's agreed outcome, in the order every rank
+    makes the calls, so every rank passes the same copies; the copies are in the call's layout
+    salt besides, and a LayoutMismatch starts every rank's count afresh."""
+    __slots__ = ("wait", "left", "clean")
+
+    def __init__(self):
+        self.wait = self.left = self.clean = 0
+
+    def copies(self, nbytes):
+        return SMALL_CALL_COPIES if self.left and nbytes <= SMALL_CALL_BYTES else 1
+
+    def note(self, copies, nbytes, missed):
+        """The agreed outcome of a whole first call in `copies` of `nbytes`: `missed` or whole."""
+        if nbytes > SMALL_CALL_BYTES:  # always one copy: says nothing of what the small ones need
+            return
+        if copies > 1:
+            self.left -= 1
+        elif missed:
+            self.wait = min(max(2 * self.wait, WHOLE_FIRST_COPIED_CALLS), WHOLE_FIRST_COPIED_MAX)
+            self.left, self.clean = self.wait, 0
+        else:
+            self.clean += 1
+            if self.wait and self.clean >= self.wait:
+                self.wait, self.clean = self.wait // 2, 0
+
+    def reset(self):
+        """After a LayoutMismatch of a whole first call: where ranks' counts could differ (a rank
+        that failed a call the others completed), this brings them together."""
+        self.wait = self.left = self.clean = 0
+
+
+def _whole_first_copies(comm):
+    copying = _whole_first_copying.get(comm)
+    if copying is None:
+        copying = _whole_first_copying[comm] = _WholeFirstCopies()
+    return copying
 
 
 def _another_attempt_left(comm, missed, attempts):
@@ -464,12 +524,19 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
             and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())):
         return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)
     view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=tensor)  # the words, as as_words()'s
+    copying = _whole_first_copies(comm)
+    copies = copying.copies(nbytes)
     try:
         stats = comm._run_resolved(_native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=_seconds(deadline),
-                                   mask_address=0, mask_bytes=0, **plan)
+                                   mask_address=0, mask_bytes=0, **plan[copies > 1])
+        copying.note(copies, nbytes, missed=False)
     except LossBudgetExceeded as missed:  # agreed, and nothing written: on as broadcast() goes
+        copying.note(copies, nbytes, missed=True)
         _another_attempt_left(comm, missed, attempts)
         return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
+    except LayoutMismatch:
+        copying.reset()
+        raise
     if comm.rank != src:
         tensors.mark_written(tensor, address, tensor.numel())
     return [stats]
@@ -477,7 +544,8 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
 
 def _broadcast_plan(comm, nbytes, src, collective):
     """The resolved arguments of broadcast()'s first call of `nbytes` (whole words) from `src`
-    claiming `collective`, where that call is a whole one (_whole_first); else None."""
+    claiming `collective`, in one copy and in SMALL_CALL_COPIES, where that call is a whole one
+    (_whole_first); else None."""
     import torch
 
     if not 0 <= src < comm.world_size:
@@ -485,8 +553,9 @@ def _broadcast_plan(comm, nbytes, src, collective):
     chunks = comm.chunk_mask("broadcast", torch.empty(nbytes // 4, dtype=torch.int32)).size
     if broadcasts_flat(nbytes, comm.world_size, chunks) or not _whole_first(chunks, nbytes):
         return None
-    return comm._resolve_call(loss_budget=0.0, root=src, copies=_small_call_copies(nbytes),
-                              layout_salt=_salt(collective, src, nbytes))
+    return tuple(comm._resolve_call(loss_budget=0.0, root=src, copies=copies, layout_salt=_salt(collective, src, nbytes,
+                                                                                                copies))
+                 for copies in (1, SMALL_CALL_COPIES))  # as _WholeFirstCopies chooses
 
 
 def broadcasts_flat(nbytes, world_size, chunks):
