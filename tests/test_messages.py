@@ -62,14 +62,14 @@ def test_a_message_that_runs_out_of_attempts_fails_on_both_ranks_and_the_receive
 
 def test_whole_first_calls_go_in_one_copy_until_one_misses_then_in_three_for_a_while():
     """The copies of a communicator's whole first calls, from their agreed outcomes alone: one
-    copy while they arrive whole; after a miss in one copy, WHOLE_FIRST_COPIED_CALLS calls in
-    SMALL_CALL_COPIES, doubled at each later miss (to WHOLE_FIRST_COPIED_MAX), halved by as many
+    copy while they arrive whole; after a miss in one copy, FIRST_CALL_COPIED_CALLS calls in
+    SMALL_CALL_COPIES, doubled at each later miss (to FIRST_CALL_COPIED_MAX), halved by as many
     whole single-copy calls in a row; calls larger than SMALL_CALL_BYTES always in one and
-    noted not at all; a LayoutMismatch starts afresh."""
-    from ud_transport.exact import (SMALL_CALL_BYTES, SMALL_CALL_COPIES, WHOLE_FIRST_COPIED_CALLS,
-                                    WHOLE_FIRST_COPIED_MAX, _WholeFirstCopies)
+    noted not at all."""
+    from ud_transport.exact import (SMALL_CALL_BYTES, SMALL_CALL_COPIES, FIRST_CALL_COPIED_CALLS,
+                                    FIRST_CALL_COPIED_MAX, _FirstCallCopies)
 
-    copying = _WholeFirstCopies()
+    copying = _FirstCallCopies()
     small, large = 4096, SMALL_CALL_BYTES + 4
 
     def call(missed, nbytes=small):
@@ -78,17 +78,15 @@ def test_whole_first_calls_go_in_one_copy_until_one_misses_then_in_three_for_a_w
         return copies
     assert [call(False) for _ in range(5)] == [1] * 5
     assert call(True) == 1  # the miss
-    assert [call(False) for _ in range(WHOLE_FIRST_COPIED_CALLS)] == [SMALL_CALL_COPIES] * WHOLE_FIRST_COPIED_CALLS
+    assert [call(False) for _ in range(FIRST_CALL_COPIED_CALLS)] == [SMALL_CALL_COPIES] * FIRST_CALL_COPIED_CALLS
     assert call(True) == 1  # missed again in one copy: twice as long in copies
-    assert [call(False) for _ in range(2 * WHOLE_FIRST_COPIED_CALLS)] == [SMALL_CALL_COPIES] * (2 * WHOLE_FIRST_COPIED_CALLS)
+    assert [call(False) for _ in range(2 * FIRST_CALL_COPIED_CALLS)] == [SMALL_CALL_COPIES] * (2 * FIRST_CALL_COPIED_CALLS)
     assert call(True, large) == 1 and call(False) == 1  # a large miss neither counts nor copies
-    for _ in range(2 * WHOLE_FIRST_COPIED_CALLS):  # as many whole in a row halve the wait
+    for _ in range(2 * FIRST_CALL_COPIED_CALLS):  # as many whole in a row halve the wait
         assert call(False) == 1
-    assert copying.wait == WHOLE_FIRST_COPIED_CALLS
+    assert copying.wait == FIRST_CALL_COPIED_CALLS
     for _ in range(20):
         call(True)
         while copying.left:
             call(False)
-    assert copying.wait == WHOLE_FIRST_COPIED_MAX
-    copying.reset()
-    assert (copying.copies(small), copying.wait) == (1, 0)
+    assert copying.wait == FIRST_CALL_COPIED_MAX

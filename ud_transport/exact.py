@@ -60,7 +60,7 @@ import zlib
 from . import staging, tensors
 from . import _native
 from .communicator import _seconds, agree_number
-from .errors import LayoutMismatch, LossBudgetExceeded, TransportError
+from .errors import LossBudgetExceeded, TransportError
 
 DEFAULT_ATTEMPTS = 64
 # From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
@@ -393,7 +393,7 @@ def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
     else:
         stats = []
         if whole_first and _whole_first(chunks, words.nbytes):
-            copying = _whole_first_copies(comm)
+            copying = _first_call_copies(comm)
             copies = copying.copies(words.nbytes)
             try:
                 stats = [comm.broadcast(words, src, loss_budget=0.0, deadline=deadline, copies=copies,
@@ -403,9 +403,6 @@ def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
                 copying.note(copies, words.nbytes, missed=True)
                 _another_attempt_left(comm, missed, attempts)
                 stats, attempts = [missed.stats], attempts - 1
-            except LayoutMismatch:
-                copying.reset()
-                raise
         if not stats or stats[0].gather_fraction < 1.0:
             stats += _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
                 words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
@@ -423,56 +420,57 @@ def _whole_first(chunks, nbytes):
     return 0 < chunks < REPAIR_MIN_CHUNKS and nbytes > 0
 
 
-# after a whole first call in one copy missed, the next ones go in SMALL_CALL_COPIES for this many
-# calls, doubled at each such miss up to WHOLE_FIRST_COPIED_MAX (_WholeFirstCopies)
-WHOLE_FIRST_COPIED_CALLS = 16
-WHOLE_FIRST_COPIED_MAX = 1024
-_whole_first_copying = weakref.WeakKeyDictionary()  # comm -> _WholeFirstCopies
+# after a small call's first call in one copy missed, the next ones go in SMALL_CALL_COPIES for this
+# many calls, doubled at each such miss up to FIRST_CALL_COPIED_MAX (_FirstCallCopies)
+FIRST_CALL_COPIED_CALLS = 16
+FIRST_CALL_COPIED_MAX = 1024
+_first_call_copying = weakref.WeakKeyDictionary()  # comm -> _FirstCallCopies
 
 
-class _WholeFirstCopies:
-    """The copies a communicator's whole first calls of at most SMALL_CALL_BYTES go in. One while
-    they arrive whole: on a clean network each datagram once, as Gloo sends it (at 8 ranks on a
+class _FirstCallCopies:
+    """The copies the first call of a communicator's small exact calls (of at most SMALL_CALL_BYTES:
+    a small broadcast's whole first call; the first of a small flat broadcast, scatter, gather or
+    all_to_all, _until_held) goes in. One while they arrive whole: on a clean network each datagram once, as Gloo sends it (at 8 ranks on a
     bridge a 4 KiB message in three copies took 1.23-1.31x Gloo's time in one, against 1.67-1.69x,
     docs/performance/pytorch_step_time.md). After one in a single copy missed, the next `wait` go
     in SMALL_CALL_COPIES, where a datagram is lost only with all its copies, so that under loss a
-    small call rarely needs more than its first call; `wait` starts at WHOLE_FIRST_COPIED_CALLS
-    and doubles with each such miss up to WHOLE_FIRST_COPIED_MAX, and `wait` single-copy calls
+    small call rarely needs more than its first call; `wait` starts at FIRST_CALL_COPIED_CALLS
+    and doubles with each such miss up to FIRST_CALL_COPIED_MAX, and `wait` single-copy calls
     whole in a row halve it. What it reads is each call's agreed outcome, in the order every rank
     makes the calls, so every rank passes the same copies; the copies are in the call's layout
-    salt besides, and a LayoutMismatch starts every rank's count afresh."""
-    __slots__ = ("wait", "left", "clean")
+    salt besides, and a LayoutMismatch starts every rank's count afresh (_first_call_copies)."""
+    __slots__ = ("wait", "left", "clean", "mismatches")
 
-    def __init__(self):
+    def __init__(self, mismatches=0):
         self.wait = self.left = self.clean = 0
+        self.mismatches = mismatches  # comm.layout_mismatches when made (_first_call_copies)
 
     def copies(self, nbytes):
         return SMALL_CALL_COPIES if self.left and nbytes <= SMALL_CALL_BYTES else 1
 
     def note(self, copies, nbytes, missed):
-        """The agreed outcome of a whole first call in `copies` of `nbytes`: `missed` or whole."""
+        """The agreed outcome of a first call in `copies` of `nbytes`: `missed` (some rank lacks a
+        chunk) or whole."""
         if nbytes > SMALL_CALL_BYTES:  # always one copy: says nothing of what the small ones need
             return
         if copies > 1:
             self.left -= 1
         elif missed:
-            self.wait = min(max(2 * self.wait, WHOLE_FIRST_COPIED_CALLS), WHOLE_FIRST_COPIED_MAX)
+            self.wait = min(max(2 * self.wait, FIRST_CALL_COPIED_CALLS), FIRST_CALL_COPIED_MAX)
             self.left, self.clean = self.wait, 0
         else:
             self.clean += 1
             if self.wait and self.clean >= self.wait:
                 self.wait, self.clean = self.wait // 2, 0
 
-    def reset(self):
-        """After a LayoutMismatch of a whole first call: where ranks' counts could differ (a rank
-        that failed a call the others completed), this brings them together."""
-        self.wait = self.left = self.clean = 0
 
-
-def _whole_first_copies(comm):
-    copying = _whole_first_copying.get(comm)
-    if copying is None:
-        copying = _whole_first_copying[comm] = _WholeFirstCopies()
+def _first_call_copies(comm):
+    """`comm`'s _FirstCallCopies, started afresh at each LayoutMismatch (counted alike on every
+    rank, a rank that refused the call included): where ranks' counts came to differ (a rank
+    that failed a call the others completed), the mismatch their copies make brings them back."""
+    copying = _first_call_copying.get(comm)
+    if copying is None or copying.mismatches != comm.layout_mismatches:
+        copying = _first_call_copying[comm] = _FirstCallCopies(comm.layout_mismatches)
     return copying
 
 
@@ -524,7 +522,7 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
             and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())):
         return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)
     view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=tensor)  # the words, as as_words()'s
-    copying = _whole_first_copies(comm)
+    copying = _first_call_copies(comm)
     copies = copying.copies(nbytes)
     try:
         stats = comm._run_resolved(_native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=_seconds(deadline),
@@ -534,9 +532,6 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
         copying.note(copies, nbytes, missed=True)
         _another_attempt_left(comm, missed, attempts)
         return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
-    except LayoutMismatch:
-        copying.reset()
-        raise
     if comm.rank != src:
         tensors.mark_written(tensor, address, tensor.numel())
     return [stats]
@@ -555,7 +550,7 @@ def _broadcast_plan(comm, nbytes, src, collective):
         return None
     return tuple(comm._resolve_call(loss_budget=0.0, root=src, copies=copies, layout_salt=_salt(collective, src, nbytes,
                                                                                                 copies))
-                 for copies in (1, SMALL_CALL_COPIES))  # as _WholeFirstCopies chooses
+                 for copies in (1, SMALL_CALL_COPIES))  # as _FirstCallCopies chooses
 
 
 def broadcasts_flat(nbytes, world_size, chunks):
@@ -588,7 +583,7 @@ def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
 
         def attempt(mask, copies):
             return comm.scatter(rows, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                direct_output=True, layout_salt=salt)  # rows is ours
+                                direct_output=True, layout_salt=_with_copies(salt, copies))  # rows is ours
 
         stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True)
         if comm.rank != src:
@@ -679,7 +674,8 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
 
         def attempt(mask, copies):
             stats = comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask,
-                                    copies=copies, direct_output=True, layout_salt=salt,  # received: ours or scratch
+                                    copies=copies, direct_output=True,  # received: ours or scratch
+                                    layout_salt=_with_copies(salt, copies),
                                     agree_value=agree_value or 0)
             if stats.agreed_value:  # agreed: every rank stops here (a repeat passes 0 everywhere)
                 raise _Declined(stats)
@@ -730,7 +726,7 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
 
         def attempt(mask, copies):
             return comm.scatter(blocks, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                direct_output=True, layout_salt=salt)  # blocks is ours
+                                direct_output=True, layout_salt=_with_copies(salt, copies))  # blocks is ours
 
         stats = _until_held(comm, "scatter", attempt, blocks, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "scatter", blocks, held, first, attempts - 1,
@@ -765,7 +761,7 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     with _borrowed(comm, n * width) as gathered:
         def attempt(mask, copies):
             return comm.gather(words, gathered, dst, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                               direct_output=True, layout_salt=salt)  # gathered is ours
+                               direct_output=True, layout_salt=_with_copies(salt, copies))  # gathered is ours
 
         stats = _until_held(comm, "gather", attempt, gathered, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "gather", gathered, held, first, attempts - 1,
@@ -778,6 +774,12 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     return stats
 
 
+def _with_copies(salt, copies):
+    """A small call's layout salt with its copies folded in: ranks whose first calls' copies
+    differ (_FirstCallCopies) raise LayoutMismatch together, and start their counts afresh."""
+    return zlib.crc32(bytes([copies]), salt) or 1
+
+
 def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
@@ -785,13 +787,19 @@ def _until_held(comm, collective, attempt, target, attempts, deadline, repair=No
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
     out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's size) are at
     most SMALL_CALL_BYTES. `small`: whether the call is small (default: target has fewer than
-    REPAIR_MIN_CHUNKS chunks), the same on every rank. Returns the stats of each call."""
+    REPAIR_MIN_CHUNKS chunks), the same on every rank. A small call's first goes in the copies
+    _FirstCallCopies gives (one while such calls arrive whole). `attempt(mask, copies)` folds the
+    copies into its layout salt (_with_copies). Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
     if small is None:
         small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     sized = target.nbytes if payload_bytes is None else payload_bytes
     copies = SMALL_CALL_COPIES if small and sized <= SMALL_CALL_BYTES else 1
-    calls = [attempt(held, copies)]
+    copying = _first_call_copies(comm) if copies > 1 else None  # the first call's, by what earlier ones met
+    first_copies = copying.copies(sized) if copying else copies
+    calls = [attempt(held, first_copies)]
+    if copying:
+        copying.note(first_copies, sized, missed=calls[0].gather_fraction < 1.0)
     if calls[0].gather_fraction >= 1.0:  # agreed: every rank's least
         return calls
     held = held.astype(bool)
