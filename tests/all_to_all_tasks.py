@@ -116,12 +116,10 @@ def empty_calls_with_masks(comm):
     return done
 
 
-def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices, copied_calls=0):
+def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices):
     """One exact.all_to_all of `nbytes` per rank for each `payload_bytes` in the list: (output
-    right, payload bytes this rank sent, every copy) for each. `copied_calls`: the small calls
-    first calls that go in copies from here, as after a miss in one (exact._FirstCallCopies)."""
+    right, payload bytes this rank sent, every copy) for each."""
     n = comm.world_size
-    exact._first_call_copies(comm).left = copied_calls
     tensor = torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * comm.rank
     block = tensor.numel() // n
     want = torch.cat([(torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * p)[comm.rank * block:(comm.rank + 1) * block]

@@ -80,16 +80,13 @@ def test_exact_all_to_all_completes_under_loss(loss, nbytes, dtype):
 def test_the_small_call_copies_follow_the_payload_not_the_headers():
     """A call is small enough for SMALL_CALL_COPIES copies by its `payload_bytes` (what the caller
     says is its data, headers aside), else by its size: 4 KiB over SMALL_CALL_BYTES goes once
-    alone, in the small call's copies when the caller counts only SMALL_CALL_BYTES of it, where
-    small calls go in copies (after a miss: exact._FirstCallCopies); on a clean link, once."""
+    alone, in the small call's copies when the caller counts only SMALL_CALL_BYTES of it."""
     from ud_transport import exact
 
     nbytes = exact.SMALL_CALL_BYTES + 4096
     cluster = get_cluster(2, chunk_bytes=8192)  # 9 chunks: fewer than REPAIR_MIN_CHUNKS
-    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES], 2):
+    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES]):
         assert outcomes == [(True, nbytes // 2), (True, exact.SMALL_CALL_COPIES * nbytes // 2)]  # the peer's block
-    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES], 0):
-        assert outcomes == [(True, nbytes // 2), (True, nbytes // 2)]
 
 
 def test_ranks_that_count_their_payloads_apart_raise_layout_mismatch():

@@ -159,9 +159,9 @@ def test_a_small_exact_broadcast_goes_to_each_rank_whole_from_the_root(world, lo
 
 
 def test_a_flat_broadcast_that_loses_every_copy_of_a_datagram_is_repeated_alike_on_every_rank():
-    """At 50% injected loss a small flat broadcast loses all SMALL_CALL_COPIES copies of some
-    datagram on almost every first call (1 in 8 for each, 30-39 a call here: 98% or more), so
-    it is repeated whole, each repeat keeping what earlier ones delivered: every rank ends with
+    """At 50% injected loss a small flat broadcast loses every copy of some datagram on almost
+    every first call (in one copy until a first call misses, then SMALL_CALL_COPIES: 1 in 8 for
+    each, 30-39 a call here: 98% or more), so it is repeated whole, each repeat keeping what earlier ones delivered: every rank ends with
     the root's values within a few calls (without keeping, each call would succeed 0.5-2% of
     the time), and every rank makes the same calls, since whether to repeat is agreed."""
     cluster = get_cluster(4, chunk_bytes=64, inject=ud_transport.Bernoulli(0.5, seed=5))

@@ -25,13 +25,18 @@ A call of fewer chunks (the mask exchanges are such calls) is repeated whole
 instead, keeping what earlier attempts delivered: after k attempts a chunk is
 missing with probability ~p^k. One of at most SMALL_CALL_BYTES goes out in
 SMALL_CALL_COPIES copies from its first attempt, since latency, not bytes, is
-its cost. Completeness across attempts is checked by comparing every rank's
+its cost; but a small broadcast's first call (and a flat one's) goes in one copy
+while such calls on its communicator arrive whole (_FirstCallCopies).
+Completeness across attempts is checked by comparing every rank's
 copy: two 32-bit checksums, each agreed as a maximum and as a minimum (4
 agreement rounds, only when an attempt was incomplete). Every decision is an
 agreed value, so all ranks take every branch together.
 
 Every call writes into its output as chunks arrive (direct_output); the
-caller's tensor is put back from a kept copy when the exact call fails.
+caller's tensor is put back from a kept copy when the exact call fails. A small
+broadcast (not flat) first makes one call that must deliver the tensor whole (a
+loss budget of 0): the engine writes it only then, so that call keeps no copy;
+only a miss, agreed, goes on to the calls above.
 
 An exact allreduce of a large tensor is an exact all_to_all (block q of every
 input to rank q), each block reduced by its owner in rank order, and an exact
@@ -66,8 +71,9 @@ DEFAULT_ATTEMPTS = 64
 # From this many chunks up an incomplete all-gather or broadcast is repaired chunk by chunk;
 # below, the mask exchange would cost about what repeating the whole call does.
 REPAIR_MIN_CHUNKS = 64
-# A small call (a mask exchange, a control tensor) is sent this many times from its first attempt:
-# a lost datagram costs it a repeat and four agreement rounds.
+# A small call (a mask exchange, a control tensor) is sent this many times from its first attempt
+# (a small broadcast's first call: see _FirstCallCopies): a lost datagram costs it a repeat and
+# four agreement rounds.
 SMALL_CALL_COPIES = 3
 SMALL_CALL_BYTES = 64 << 10
 # What a repair round costs besides its bytes (a mask exchange, a call's latency), as a share of
@@ -367,7 +373,8 @@ def broadcast(comm, tensor, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=None, 
     """Copy rank `src`'s tensor (any dtype) into every rank's, exactly.
     `collective`: what the caller's call is (e.g. "scatter"), checked across ranks with the byte
     count and `src`: ranks whose calls differ in any of them raise LayoutMismatch. Returns the
-    stats of each call. On failure every rank's tensor is as it was."""
+    stats of each call (`attempts` of them at most; a small one's first must deliver the tensor
+    whole, in one copy on a clean link). On failure every rank's tensor is as it was."""
     return _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first=True)
 
 
@@ -420,25 +427,30 @@ def _whole_first(chunks, nbytes):
     return 0 < chunks < REPAIR_MIN_CHUNKS and nbytes > 0
 
 
-# after a small call's first call in one copy missed, the next ones go in SMALL_CALL_COPIES for this
-# many calls, doubled at each such miss up to FIRST_CALL_COPIED_MAX (_FirstCallCopies)
+# after a small broadcast's first call in one copy missed, the next ones go in SMALL_CALL_COPIES for
+# this many calls, doubled at each such miss up to FIRST_CALL_COPIED_MAX (_FirstCallCopies)
 FIRST_CALL_COPIED_CALLS = 16
 FIRST_CALL_COPIED_MAX = 1024
 _first_call_copying = weakref.WeakKeyDictionary()  # comm -> _FirstCallCopies
 
 
 class _FirstCallCopies:
-    """The copies the first call of a communicator's small exact calls (of at most SMALL_CALL_BYTES:
-    a small broadcast's whole first call; the first of a small flat broadcast, scatter, gather or
-    all_to_all, _until_held) goes in. One while they arrive whole: on a clean network each datagram once, as Gloo sends it (at 8 ranks on a
-    bridge a 4 KiB message in three copies took 1.23-1.31x Gloo's time in one, against 1.67-1.69x,
-    docs/performance/pytorch_step_time.md). After one in a single copy missed, the next `wait` go
-    in SMALL_CALL_COPIES, where a datagram is lost only with all its copies, so that under loss a
-    small call rarely needs more than its first call; `wait` starts at FIRST_CALL_COPIED_CALLS
-    and doubles with each such miss up to FIRST_CALL_COPIED_MAX, and `wait` single-copy calls
-    whole in a row halve it. What it reads is each call's agreed outcome, in the order every rank
-    makes the calls, so every rank passes the same copies; the copies are in the call's layout
-    salt besides, and a LayoutMismatch starts every rank's count afresh (_first_call_copies)."""
+    """The copies the first call of a communicator's small broadcasts (of at most SMALL_CALL_BYTES:
+    the whole first call, _whole_first, and a flat one's first) goes in. One while they arrive
+    whole: on a clean network each datagram once, as Gloo sends it (8 ranks on a bridge, a 4 KiB
+    send/recv shift: 1.23-1.31x Gloo's p50 in one copy against 1.67-1.69x in three;
+    docs/performance/exact_allreduce.md, "small calls at the price of their engine call"). After
+    one in a single copy missed, the next `wait` go in SMALL_CALL_COPIES, where a datagram is lost
+    only with all its copies, so that under loss a small call rarely needs more than its first
+    call; `wait` starts at FIRST_CALL_COPIED_CALLS and doubles with each such miss up to
+    FIRST_CALL_COPIED_MAX, and `wait` single-copy calls whole in a row halve it. What it reads is
+    each call's agreed outcome, in the order every rank makes the calls, so every rank passes the
+    same copies; the copies are in the call's layout salt besides, and a LayoutMismatch starts
+    every rank's count afresh (_first_call_copies). A call that ends otherwise (PeerTimeout, an
+    interrupt) is not counted: where it ended so on some ranks only, their counts may differ, and
+    the first call whose copies then differ ends in LayoutMismatch, which brings them together.
+    Scatter, gather and all_to_all keep SMALL_CALL_COPIES: in one copy they were no faster (2 ranks,
+    all_to_all slower in 5 of 6 pairs)."""
     __slots__ = ("wait", "left", "clean", "mismatches")
 
     def __init__(self, mismatches=0):
@@ -506,7 +518,8 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     import torch
 
     if type(src) is not int or not isinstance(tensor, torch.Tensor):
-        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)  # it checks them
+        # broadcast() checks them
+        return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)
     nbytes = tensor.nbytes
     plans = _broadcast_plans.get(comm)
     if plans is None:
@@ -517,11 +530,12 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
         if len(plans) >= _BROADCAST_PLANS_KEPT:
             plans.clear()
         plan = plans[key] = _broadcast_plan(comm, nbytes, src, collective) if nbytes % 4 == 0 else None
-    address = tensor.data_ptr() if plan is not None else 0
-    if not (address and address % 4 == 0 and tensor.is_cpu and tensor.layout == torch.strided and tensor.is_contiguous()
-            and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())):
+    if not (plan is not None and tensor.is_cpu and tensor.layout == torch.strided and tensor.is_contiguous()
+            and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg()) and tensor.data_ptr() % 4 == 0):
         return broadcast(comm, tensor, src, attempts=attempts, deadline=deadline, collective=collective)
-    view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=tensor)  # the words, as as_words()'s
+    address, count = tensor.data_ptr(), tensor.numel()  # what mark_written checks the tensor still has
+    # the words, as as_words()'s; the storage pinned, as view_of's, for the call's raw address
+    view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=(tensor, tensor.untyped_storage()))
     copying = _first_call_copies(comm)
     copies = copying.copies(nbytes)
     try:
@@ -533,7 +547,7 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
         _another_attempt_left(comm, missed, attempts)
         return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
     if comm.rank != src:
-        tensors.mark_written(tensor, address, tensor.numel())
+        tensors.mark_written(tensor, address, count)
     return [stats]
 
 
@@ -544,7 +558,7 @@ def _broadcast_plan(comm, nbytes, src, collective):
     import torch
 
     if not 0 <= src < comm.world_size:
-        return None  # broadcast() refuses it, in step
+        return None  # broadcast() refuses it (ValueError)
     chunks = comm.chunk_mask("broadcast", torch.empty(nbytes // 4, dtype=torch.int32)).size
     if broadcasts_flat(nbytes, comm.world_size, chunks) or not _whole_first(chunks, nbytes):
         return None
@@ -585,7 +599,8 @@ def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
             return comm.scatter(rows, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                 direct_output=True, layout_salt=_with_copies(salt, copies))  # rows is ours
 
-        stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True)
+        stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True,
+                            first_copies_by_outcome=True)
         if comm.rank != src:
             words.copy_(tiled[comm.rank])
     return stats
@@ -674,8 +689,7 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
 
         def attempt(mask, copies):
             stats = comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask,
-                                    copies=copies, direct_output=True,  # received: ours or scratch
-                                    layout_salt=_with_copies(salt, copies),
+                                    copies=copies, direct_output=True, layout_salt=salt,  # received: ours or scratch
                                     agree_value=agree_value or 0)
             if stats.agreed_value:  # agreed: every rank stops here (a repeat passes 0 everywhere)
                 raise _Declined(stats)
@@ -726,7 +740,7 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
 
         def attempt(mask, copies):
             return comm.scatter(blocks, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                direct_output=True, layout_salt=_with_copies(salt, copies))  # blocks is ours
+                                direct_output=True, layout_salt=salt)  # blocks is ours
 
         stats = _until_held(comm, "scatter", attempt, blocks, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "scatter", blocks, held, first, attempts - 1,
@@ -761,7 +775,7 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     with _borrowed(comm, n * width) as gathered:
         def attempt(mask, copies):
             return comm.gather(words, gathered, dst, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                               direct_output=True, layout_salt=_with_copies(salt, copies))  # gathered is ours
+                               direct_output=True, layout_salt=salt)  # gathered is ours
 
         stats = _until_held(comm, "gather", attempt, gathered, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "gather", gathered, held, first, attempts - 1,
@@ -780,22 +794,25 @@ def _with_copies(salt, copies):
     return zlib.crc32(bytes([copies]), salt) or 1
 
 
-def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None):
+def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None,
+                first_copies_by_outcome=False):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
     more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
     out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's size) are at
     most SMALL_CALL_BYTES. `small`: whether the call is small (default: target has fewer than
-    REPAIR_MIN_CHUNKS chunks), the same on every rank. A small call's first goes in the copies
-    _FirstCallCopies gives (one while such calls arrive whole). `attempt(mask, copies)` folds the
-    copies into its layout salt (_with_copies). Returns the stats of each call."""
+    REPAIR_MIN_CHUNKS chunks), the same on every rank. `first_copies_by_outcome`: a small call's
+    first goes in the copies _FirstCallCopies gives (one while such calls arrive whole), and
+    `attempt(mask, copies)` folds the copies into its layout salt (_with_copies); the flat
+    broadcast's. Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
     if small is None:
         small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     sized = target.nbytes if payload_bytes is None else payload_bytes
     copies = SMALL_CALL_COPIES if small and sized <= SMALL_CALL_BYTES else 1
-    copying = _first_call_copies(comm) if copies > 1 else None  # the first call's, by what earlier ones met
+    # the first call's, by what earlier ones met
+    copying = _first_call_copies(comm) if copies > 1 and first_copies_by_outcome else None
     first_copies = copying.copies(sized) if copying else copies
     calls = [attempt(held, first_copies)]
     if copying:
