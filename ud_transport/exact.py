@@ -398,19 +398,12 @@ def _broadcast(comm, tensor, src, attempts, deadline, collective, whole_first):
     if flat:
         stats = _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes)
     else:
-        stats = []
+        stats, whole = [], False
         if whole_first and _whole_first(chunks, words.nbytes):
-            copying = _first_call_copies(comm)
-            copies = copying.copies(words.nbytes)
-            try:
-                stats = [comm.broadcast(words, src, loss_budget=0.0, deadline=deadline, copies=copies,
-                                        layout_salt=_salt(collective, src, nbytes, copies))]
-                copying.note(copies, words.nbytes, missed=False)
-            except LossBudgetExceeded as missed:  # agreed: every rank goes on below, its tensor as it was
-                copying.note(copies, words.nbytes, missed=True)
-                _another_attempt_left(comm, missed, attempts)
-                stats, attempts = [missed.stats], attempts - 1
-        if not stats or stats[0].gather_fraction < 1.0:
+            first, whole = _whole_first_call(comm, words.nbytes, attempts, lambda copies: comm.broadcast(
+                words, src, loss_budget=0.0, deadline=deadline, copies=copies, layout_salt=_with_copies(salt, copies)))
+            stats, attempts = [first], attempts if whole else attempts - 1
+        if not whole:
             stats += _exactly(comm, "broadcast", lambda mask, copies: comm.broadcast(
                 words, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies, direct_output=True,
                 layout_salt=salt), words, attempts, deadline, src=src, keep=not source)  # the root's is only read
@@ -486,12 +479,23 @@ def _first_call_copies(comm):
     return copying
 
 
-def _another_attempt_left(comm, missed, attempts):
-    """After a whole first call `missed` (LossBudgetExceeded), raise what an exact call that may
-    make no more calls raises, if `attempts` allows no more."""
-    if attempts <= 1:
-        raise LossBudgetExceeded(f"rank {comm.rank}: exact broadcast incomplete after its one attempt",
-                                 missed.stats) from missed
+def _whole_first_call(comm, nbytes, attempts, call):
+    """A small broadcast's whole first call, `call(copies)` in the copies _FirstCallCopies gives,
+    its agreed outcome noted: (its stats, whether it delivered the tensor whole). A miss is the
+    same on every rank, and leaves every tensor as it was; where `attempts` allows no more calls
+    it raises what an exact call out of attempts raises."""
+    copying = _first_call_copies(comm)
+    copies = copying.copies(nbytes)
+    try:
+        stats = call(copies)
+    except LossBudgetExceeded as missed:
+        copying.note(copies, nbytes, missed=True)
+        if attempts <= 1:
+            raise LossBudgetExceeded(f"rank {comm.rank}: exact broadcast incomplete after its one attempt",
+                                     missed.stats) from missed
+        return missed.stats, False
+    copying.note(copies, nbytes, missed=False)
+    return stats, True
 
 
 def _small_call_copies(nbytes):
@@ -536,16 +540,12 @@ def small_broadcast(comm, tensor, src, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     address, count = tensor.data_ptr(), tensor.numel()  # what mark_written checks the tensor still has
     # the words, as as_words()'s; the storage pinned, as view_of's, for the call's raw address
     view = tensors.TensorView(address, nbytes // 4, "int32", 4, pin=(tensor, tensor.untyped_storage()))
-    copying = _first_call_copies(comm)
-    copies = copying.copies(nbytes)
-    try:
-        stats = comm._run_resolved(_native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=_seconds(deadline),
-                                   mask_address=0, mask_bytes=0, **plan[copies > 1])
-        copying.note(copies, nbytes, missed=False)
-    except LossBudgetExceeded as missed:  # agreed, and nothing written: on as broadcast() goes
-        copying.note(copies, nbytes, missed=True)
-        _another_attempt_left(comm, missed, attempts)
-        return [missed.stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
+    deadline_s = _seconds(deadline)
+    stats, whole = _whole_first_call(comm, nbytes, attempts, lambda copies: comm._run_resolved(
+        _native.COLLECTIVE_BROADCAST, view, view, view.count, deadline_s=deadline_s, mask_address=0, mask_bytes=0,
+        **plan[copies > 1]))
+    if not whole:  # nothing written: on as broadcast() goes
+        return [stats] + _broadcast_after_whole_miss(comm, tensor, src, attempts - 1, deadline, collective)
     if comm.rank != src:
         tensors.mark_written(tensor, address, count)
     return [stats]
@@ -562,8 +562,8 @@ def _broadcast_plan(comm, nbytes, src, collective):
     chunks = comm.chunk_mask("broadcast", torch.empty(nbytes // 4, dtype=torch.int32)).size
     if broadcasts_flat(nbytes, comm.world_size, chunks) or not _whole_first(chunks, nbytes):
         return None
-    return tuple(comm._resolve_call(loss_budget=0.0, root=src, copies=copies, layout_salt=_salt(collective, src, nbytes,
-                                                                                                copies))
+    salt = _salt(collective, src, nbytes)  # as broadcast()'s
+    return tuple(comm._resolve_call(loss_budget=0.0, root=src, copies=copies, layout_salt=_with_copies(salt, copies))
                  for copies in (1, SMALL_CALL_COPIES))  # as _FirstCallCopies chooses
 
 
@@ -789,8 +789,9 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
 
 
 def _with_copies(salt, copies):
-    """A small call's layout salt with its copies folded in: ranks whose first calls' copies
-    differ (_FirstCallCopies) raise LayoutMismatch together, and start their counts afresh."""
+    """A small broadcast's first call's layout salt with its copies folded in (the whole first
+    call, a flat one's): ranks whose copies differ (_FirstCallCopies) raise LayoutMismatch
+    together, and start their counts afresh."""
     return zlib.crc32(bytes([copies]), salt) or 1
 
 
