@@ -188,6 +188,7 @@ cdef extern from "engine.h" nogil:
         uint64_t receive_calls
         uint64_t verdict_acks_presumed
         uint64_t verdicts_relayed
+        uint64_t answer_waits
         double elapsed_s
         double deadline_s
         double agree_s

@@ -4,6 +4,7 @@
  *   output.c    the caller's buffers: originals saved and put back, rescaling, write-out
  *   liveness.c  who is in the call, deadlines, JOIN, closing receive steps, closed ports
  *   data.c      credits, sending, admitting data
+ *   recent_loss.c  what the network lost lately toward this rank
  *   verdict.c   the verdict round: one outcome on every rank
  *   call.c      a call's life: refusal, preparing, the progress loop, finishing
  *   comm.c      the communicator
@@ -235,6 +236,8 @@ struct udt_comm {
     uint32_t last_layout_tag;
     uint32_t last_steps;         /* of that call: a JOIN answered for it says all of them are sent */
     uint8_t last_verdict[UDT_VERDICT_BYTES];
+    /* data chunks recent calls expected and lost (verdict.c: whether a last answer is at risk) */
+    double recent_chunks_seen, recent_chunks_lost;
     /* buffers kept between calls so a steady workload allocates nothing */
     uint8_t *scratch;
     size_t scratch_bytes;
@@ -372,6 +375,10 @@ void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_
                    uint64_t now);
 void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
                  uint32_t bytes, uint32_t peer, uint64_t now);
+
+/* recent_loss.c */
+double udt_recent_loss(const struct call *c, const struct udt_comm *comm);
+void udt_remember_loss(const struct call *c, struct udt_comm *comm);
 
 /* verdict.c */
 void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);
