@@ -396,6 +396,10 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     if (h->credit > s->announced) /* the largest wins: a sender cannot send more than it has */
         s->announced = h->credit;
     if (h->chunk_index + 1 > s->seen_end) {
+        if (h->chunk_index > s->seen_end) { /* a sender's chunks come in order: the ones between were lost */
+            c->data.skipped_runs++;
+            c->data.skipped_chunks += h->chunk_index - s->seen_end;
+        }
         s->seen_end = h->chunk_index + 1;
         c->data.credits_dirty = 1;
     }

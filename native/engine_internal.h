@@ -135,6 +135,8 @@ struct call_data {
     int regrant_due;             /* a peer's arrivals used a quarter window without a credit back: credit it again */
     int credits_dirty;           /* something changed that may move a credit */
     uint64_t credits_walked_ns;
+    /* chunks a sender skipped in a step (lost, or rarely reordered), as runs: recent_loss.c */
+    uint32_t skipped_runs, skipped_chunks;
 };
 
 /* Who is in the call and how long to wait (liveness.c). */
@@ -236,8 +238,8 @@ struct udt_comm {
     uint32_t last_layout_tag;
     uint32_t last_steps;         /* of that call: a JOIN answered for it says all of them are sent */
     uint8_t last_verdict[UDT_VERDICT_BYTES];
-    /* data chunks recent calls expected and lost (verdict.c: whether a last answer is at risk) */
-    double recent_chunks_seen, recent_chunks_lost;
+    /* recent calls' data chunks expected and lost, and the lost ones in runs (recent_loss.c) */
+    double recent_chunks_seen, recent_chunks_lost, recent_skipped_runs, recent_skipped_chunks;
     /* buffers kept between calls so a steady workload allocates nothing */
     uint8_t *scratch;
     size_t scratch_bytes;
@@ -378,6 +380,7 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
 
 /* recent_loss.c */
 double udt_recent_loss(const struct call *c, const struct udt_comm *comm);
+double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm);
 void udt_remember_loss(const struct call *c, struct udt_comm *comm);
 
 /* verdict.c */

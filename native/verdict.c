@@ -43,12 +43,11 @@
 #define ACK_INTERVAL_MAX_SHIFT 2u
 #define ANSWER_WAIT_INTERVALS 2u
 /* That stay is for loss that may take every copy of a last answer, and only then is it paid: when
- * the n(n - 1) answers of a call, each lost with the recent loss rate to the power of its copies
- * (answers_at_risk), would leave some peer without its answer in more than this share of calls.
- * At 8 ranks that stays at 3% loss and above and not at 2% or below. Without the rule, a
- * verdict message resent because a peer was slow to answer (8 ranks on 2 cores, no loss) made
- * 4 KiB calls stay, 27% of their p50; at 1% loss a 4-rank 1 MiB call spent 2.5 ms in its verdict
- * round where 0.5 would do (docs/performance/verdict_round.md). */
+ * the n(n - 1) answers of a call, each with every copy lost at the recent rates (answers_at_risk),
+ * would leave some peer without its answer in more than this share of calls. Under independent
+ * loss, at 8 ranks, that stays at 3% and above and not at 2% or below; under bursts, at 1%
+ * too. Before, any call that lost a chunk or resent a verdict message stayed: at 1% loss a 4-rank
+ * 1 MiB call spent 2.7 ms in its verdict round where 0.7 did (docs/performance/verdict_round.md). */
 #define ANSWER_LOSS_RISK 1e-3
 /* quarter intervals a rank asks the open peers for the verdicts of closed ports before deciding
  * without them (udt_verdict_progress) */
@@ -570,12 +569,13 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
 }
 
 /* Whether some rank of the call may have lost every copy of some peer's last answer in more than
- * ANSWER_LOSS_RISK of calls at the recent loss rate. */
+ * ANSWER_LOSS_RISK of calls: the first copy lost at the recent loss rate, each next one (sent
+ * right after) at the recent rate of a loss after a loss. */
 static int answers_at_risk(const struct call *c, const struct udt_comm *comm)
 {
-    double every_copy_lost = 1.0, loss = udt_recent_loss(c, comm);
-    for (uint32_t k = 0; k < comm->options.end_repeats; k++)
-        every_copy_lost *= loss;
+    double every_copy_lost = udt_recent_loss(c, comm), after_loss = udt_recent_loss_after_loss(c, comm);
+    for (uint32_t k = 1; k < comm->options.end_repeats; k++)
+        every_copy_lost *= after_loss;
     return (double)c->n * (double)(c->n - 1) * every_copy_lost > ANSWER_LOSS_RISK;
 }
 
