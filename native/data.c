@@ -396,7 +396,7 @@ static void accept_data(struct call *c, struct udt_comm *comm, const struct udt_
     if (h->credit > s->announced) /* the largest wins: a sender cannot send more than it has */
         s->announced = h->credit;
     if (h->chunk_index + 1 > s->seen_end) {
-        if (h->chunk_index > s->seen_end) { /* a sender's chunks come in order: the ones between were lost */
+        if (h->chunk_index > s->seen_end) { /* chunks come in order: the ones skipped were lost (or, rarely, come late) */
             c->data.skipped_runs++;
             c->data.skipped_chunks += h->chunk_index - s->seen_end;
         }

@@ -163,6 +163,10 @@ static void close_step(struct call *c, uint32_t g)
     struct step_state *s = &c->state[g];
     c->stats->chunks_total += s->expected;
     c->stats->chunks_lost += s->expected - s->received;
+    if (s->seen_end < s->expected) { /* the step's last chunks never came: a run of lost ones too (recent_loss.c) */
+        c->data.skipped_runs++;
+        c->data.skipped_chunks += s->expected - s->seen_end;
+    }
     s->closed = 1;
     c->data.credits_dirty = 1;
     if ((int32_t)g == c->schedule.finalize_after)

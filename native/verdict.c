@@ -643,8 +643,9 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
      * before it hears from us, and after we return nobody answers it until our next call.
      * (On a clean link the answer's copies arrive, and where loss is rare enough so do they:
      * answers_at_risk.) */
-    int lossy = (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 ||
-                 comm->transport->counter_injected_drops != c->drops_before) && answers_at_risk(c, comm);
+    int lossy = c->verdict.answered_ns && (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 ||
+                                           comm->transport->counter_injected_drops != c->drops_before) &&
+                answers_at_risk(c, comm);
     uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
