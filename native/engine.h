@@ -139,7 +139,7 @@ struct udt_collective_stats {
     uint64_t receive_calls;      /* system calls that returned datagrams during the call (UDP: recvmmsg) */
     uint64_t verdict_acks_presumed; /* peers whose acknowledgement we stopped waiting for: silent long after our verdict went to them */
     uint64_t verdicts_relayed;   /* peers' verdicts this rank took from another rank that passed them on */
-    uint64_t answer_waits;       /* 1 when this rank stayed after its last answer in case every copy was lost (verdict.c) */
+    uint64_t answer_waits;       /* 1 when this rank was to stay after its last answer in case every copy was lost (verdict.c) */
     double elapsed_s;
     double deadline_s;
     double agree_s;              /* time spent in the verdict round */

@@ -98,9 +98,9 @@ class CollectiveStats:
         Peers' verdicts this rank took from another rank that passed them on, because none of
         the peer's own copies reached it (a partial partition, or the peer died after sending).
     answer_waits : int
-        1 when this rank stayed after its last answer of the verdict round, in case a peer lost
-        every copy of it: only where datagrams were lost lately at a rate that makes that likely
-        enough to matter (docs/semantics.md, "How the verdict round ends").
+        1 when this rank was to stay after its last answer of the verdict round, in case a peer
+        lost every copy of it: only where recent loss makes that likely enough to matter
+        (docs/semantics.md, "How the verdict round ends"); a striped call sums its stripes.
     steps_ended, steps_superseded, steps_answered, steps_timed_out : int
         Receive steps with missing chunks, by how they closed: by the sender's END marker (its
         verdict message, or all it announced having come), by data of a later step, by the
