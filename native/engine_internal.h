@@ -380,7 +380,7 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
 
 /* recent_loss.c */
 double udt_recent_loss(const struct call *c, const struct udt_comm *comm);
-double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm);
+double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm, double loss);
 void udt_remember_loss(const struct call *c, struct udt_comm *comm);
 
 /* verdict.c */

@@ -1,7 +1,8 @@
 /* What the network lost lately: the data chunks that recent calls expected at this rank and
  * lost, and how the lost ones came (alone, or in runs of consecutive chunks), kept across calls
- * with a bounded memory, older counts halved. The verdict round reads it to judge whether some peer may lose every
- * copy of a last answer, copies that go out back to back (verdict.c, answers_at_risk). */
+ * with a bounded memory, older counts halved. The verdict round reads it to judge whether some
+ * peer may lose every copy of a last answer, copies that go out back to back (verdict.c,
+ * answers_at_risk). */
 #include <math.h>
 
 #include "engine_internal.h"
@@ -10,10 +11,7 @@
  * because a clean network earns its estimate slowly (below); a burst shows in its runs at once. */
 #define LOSS_MEMORY_CHUNKS 65536.0
 
-/* An upper estimate of the share of datagrams lost lately: of the data chunks this rank expected
- * in recent calls and this one, one lost chunk added (a few clean chunks say little; a rank that
- * has seen no data, as in a barrier, counts as lossy), and at least what this call's verdict
- * agreed was missing; per copy (a chunk is lost only when all `copies` are). */
+/* A share of chunks lost as the share of datagrams (a chunk is lost only when all `copies` are). */
 static double per_copy(double share, uint32_t copies)
 {
     return copies > 1 && share > 0.0 ? pow(share, 1.0 / copies) : share;
@@ -26,6 +24,10 @@ static double lost_per_copy(const struct call *c)
     return total > 0.0 ? total * per_copy((double)c->stats->chunks_lost / total, c->data.copies) : 0.0;
 }
 
+/* An upper estimate of the share of datagrams lost lately: of the data chunks this rank expected
+ * in recent calls and this one, one lost chunk added (a few clean chunks say little; a rank that
+ * has seen no data, as in a barrier, counts as lossy), and at least what this call's verdict
+ * agreed was missing; per copy. */
 double udt_recent_loss(const struct call *c, const struct udt_comm *comm)
 {
     double here = (comm->recent_chunks_lost + lost_per_copy(c) + 1.0) /
@@ -41,12 +43,13 @@ double udt_recent_loss(const struct call *c, const struct udt_comm *comm)
 /* An upper estimate of the chance that a datagram right after a lost one is lost too: of the
  * chunks senders skipped (gaps in a step's chunk indices), the share that followed a skipped one,
  * one such added. Independent loss gives about the loss rate; bursts give much more; no gap seen
- * gives 1 (nothing known), so only the loss rate, earned over clean chunks, bounds the risk. */
-double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm)
+ * gives 1 (nothing known), so only the loss rate, earned over clean chunks, bounds the risk. At
+ * least `loss` (udt_recent_loss's). */
+double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm, double loss)
 {
     double chunks = comm->recent_skipped_chunks + (double)c->data.skipped_chunks;
     double runs = comm->recent_skipped_runs + (double)c->data.skipped_runs;
-    double after = (chunks - runs + 1.0) / (chunks + 1.0), loss = udt_recent_loss(c, comm);
+    double after = (chunks - runs + 1.0) / (chunks + 1.0);
     return after > loss ? after : loss;
 }
 

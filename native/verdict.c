@@ -573,7 +573,8 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
  * right after) at the recent rate of a loss after a loss. */
 static int answers_at_risk(const struct call *c, const struct udt_comm *comm)
 {
-    double every_copy_lost = udt_recent_loss(c, comm), after_loss = udt_recent_loss_after_loss(c, comm);
+    double every_copy_lost = udt_recent_loss(c, comm);
+    double after_loss = udt_recent_loss_after_loss(c, comm, every_copy_lost);
     for (uint32_t k = 1; k < comm->options.end_repeats; k++)
         every_copy_lost *= after_loss;
     return (double)c->n * (double)(c->n - 1) * every_copy_lost > ANSWER_LOSS_RISK;
@@ -646,7 +647,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
     int lossy = c->verdict.answered_ns && (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 ||
                                            comm->transport->counter_injected_drops != c->drops_before) &&
                 answers_at_risk(c, comm);
-    uint64_t answer_wait_end = c->verdict.answered_ns && lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
+    uint64_t answer_wait_end = lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
         c->verdict.verdicts_acked = others;

@@ -469,14 +469,22 @@ class _FirstCallCopies:
                 self.wait, self.clean = self.wait // 2, 0
 
 
+def state_since_mismatch(table, comm, make):
+    """`comm`'s entry in `table` (a weakref.WeakKeyDictionary of per-communicator state that every
+    rank keeps alike from agreed outcomes), made afresh by `make(comm.layout_mismatches)` at each
+    LayoutMismatch since it was made (counted alike on every rank, a rank that refused the call
+    included): where ranks' states came to differ (a rank that failed a call the others
+    completed), the mismatch that difference makes brings them back. The state keeps the count
+    it was made at in `mismatches`."""
+    state = table.get(comm)
+    if state is None or state.mismatches != comm.layout_mismatches:
+        state = table[comm] = make(comm.layout_mismatches)
+    return state
+
+
 def _first_call_copies(comm):
-    """`comm`'s _FirstCallCopies, started afresh at each LayoutMismatch (counted alike on every
-    rank, a rank that refused the call included): where ranks' counts came to differ (a rank
-    that failed a call the others completed), the mismatch their copies make brings them back."""
-    copying = _first_call_copying.get(comm)
-    if copying is None or copying.mismatches != comm.layout_mismatches:
-        copying = _first_call_copying[comm] = _FirstCallCopies(comm.layout_mismatches)
-    return copying
+    """`comm`'s _FirstCallCopies (state_since_mismatch)."""
+    return state_since_mismatch(_first_call_copying, comm, _FirstCallCopies)
 
 
 def _whole_first_call(comm, nbytes, attempts, call):
@@ -1113,20 +1121,14 @@ class _EngineBackoff:
     _of = weakref.WeakKeyDictionary()
     MOST_SKIPPED = 64
 
-    def __init__(self):
+    def __init__(self, mismatches=0):
         self.skip_next = 0     # calls still to skip
         self.skip_after = 0    # calls to skip after the next failure
-        self.mismatches_seen = 0
+        self.mismatches = mismatches  # comm.layout_mismatches when made (state_since_mismatch)
 
     @classmethod
     def of(cls, comm):
-        backoff = cls._of.get(comm)
-        if backoff is None:
-            backoff = cls._of[comm] = cls()
-        if backoff.mismatches_seen != comm.layout_mismatches:
-            backoff.skip_next = backoff.skip_after = 0
-            backoff.mismatches_seen = comm.layout_mismatches
-        return backoff
+        return state_since_mismatch(cls._of, comm, cls)
 
     def try_now(self):
         if self.skip_next:

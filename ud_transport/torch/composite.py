@@ -173,10 +173,7 @@ _states = weakref.WeakKeyDictionary()  # communicator -> _AllToAllState
 
 
 def _state_of(comm):
-    state = _states.get(comm)
-    if state is None or state.mismatches != comm.layout_mismatches:  # forgotten alike on every rank
-        state = _states[comm] = _AllToAllState(comm.layout_mismatches)
-    return state
+    return exact.state_since_mismatch(_states, comm, _AllToAllState)  # forgotten alike on every rank
 
 
 def _even_call(comm, state, flat, output, sends, receives, row_bytes, element, deadline):
