@@ -116,9 +116,13 @@ def empty_calls_with_masks(comm):
     return done
 
 
-def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices):
+def bytes_sent_by_payload(comm, nbytes, payload_bytes_choices, after_a_miss):
     """One exact.all_to_all of `nbytes` per rank for each `payload_bytes` in the list: (output
-    right, payload bytes this rank sent, every copy) for each."""
+    right, payload bytes this rank sent, every copy) for each. `after_a_miss`: the communicator's
+    first calls are set as a first call in one copy that missed leaves them (white-box: the state
+    exact._FirstCallCopies.note writes), so that small ones go in SMALL_CALL_COPIES for a while."""
+    if after_a_miss:
+        exact._first_call_copies(comm).note(1, 4, missed=True)
     n = comm.world_size
     tensor = torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * comm.rank
     block = tensor.numel() // n
@@ -189,3 +193,19 @@ def agree_value_refused_on_one_rank(comm):
     except Exception as error:  # noqa: BLE001 (the test reads what it was)
         return type(error).__name__
     return None
+
+
+def small_exchanges(comm, nbytes, calls):
+    """`calls` small exact.all_to_all calls: per call (output right, the engine calls it made,
+    the payload bytes this rank sent in its first one)."""
+    n = comm.world_size
+    outcome = []
+    for call in range(calls):
+        tensor = torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * comm.rank + 100000 * call
+        block = tensor.numel() // n
+        want = torch.cat([(torch.arange(nbytes // 4, dtype=torch.int32) + 1000 * p + 100000 * call)
+                          [comm.rank * block:(comm.rank + 1) * block] for p in range(n)])
+        output = torch.zeros_like(tensor)
+        stats = exact.all_to_all(comm, tensor, output)
+        outcome.append((bool(torch.equal(output, want)), len(stats), stats[0].payload_bytes_sent))
+    return outcome

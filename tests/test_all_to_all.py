@@ -77,16 +77,42 @@ def test_exact_all_to_all_completes_under_loss(loss, nbytes, dtype):
         assert max(len(chunks) for outcomes in per_rank for _, chunks in outcomes) > 1, "the loss must have cost more calls"
 
 
-def test_the_small_call_copies_follow_the_payload_not_the_headers():
+@pytest.mark.parametrize("after_a_miss", [False, True])
+def test_the_small_call_copies_follow_the_payload_not_the_headers(after_a_miss):
     """A call is small enough for SMALL_CALL_COPIES copies by its `payload_bytes` (what the caller
     says is its data, headers aside), else by its size: 4 KiB over SMALL_CALL_BYTES goes once
-    alone, in the small call's copies when the caller counts only SMALL_CALL_BYTES of it."""
+    alone, in the small call's copies when the caller counts only SMALL_CALL_BYTES of it. A small
+    call's first goes in those copies only after such a first call missed (exact._FirstCallCopies);
+    on a clean communicator it goes once."""
     from ud_transport import exact
 
     nbytes = exact.SMALL_CALL_BYTES + 4096
     cluster = get_cluster(2, chunk_bytes=8192)  # 9 chunks: fewer than REPAIR_MIN_CHUNKS
-    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES]):
-        assert outcomes == [(True, nbytes // 2), (True, exact.SMALL_CALL_COPIES * nbytes // 2)]  # the peer's block
+    small_copies = exact.SMALL_CALL_COPIES if after_a_miss else 1
+    for outcomes in cluster.run(tasks.bytes_sent_by_payload, nbytes, [None, exact.SMALL_CALL_BYTES], after_a_miss):
+        assert outcomes == [(True, nbytes // 2), (True, small_copies * nbytes // 2)]  # the peer's block
+
+
+def test_small_exchanges_go_once_on_a_clean_network_and_in_three_copies_after_a_miss():
+    """A small exact all_to_all's first call goes in one copy while such calls arrive whole, and
+    after one missed, in SMALL_CALL_COPIES for a while (exact._FirstCallCopies, as a small
+    broadcast's): each piece once without loss; under 20% injected loss every result is whole,
+    every rank makes the same calls, and some first calls went in three copies."""
+    from ud_transport import exact
+
+    nbytes, world = 3 * 400, 3  # 3 blocks of 400 bytes: 39 chunks of 32 bytes
+    block = nbytes // world
+    clean = get_cluster(world, chunk_bytes=32).run(tasks.small_exchanges, nbytes, 3)
+    for rank, outcomes in enumerate(clean):
+        assert outcomes == [(True, 1, (world - 1) * block)] * 3, (rank, outcomes)
+    lossy = get_cluster(world, chunk_bytes=32, inject=ud_transport.Bernoulli(0.2, seed=11)).run(
+        tasks.small_exchanges, nbytes, 12)
+    assert all(right for outcomes in lossy for right, _, _ in outcomes), lossy
+    assert len({tuple(calls for _, calls, _ in outcomes) for outcomes in lossy}) == 1, lossy  # the same calls
+    firsts = [sent for _, _, sent in lossy[0]]
+    assert firsts[0] == (world - 1) * block, firsts  # once, on a fresh communicator
+    assert set(firsts) <= {(world - 1) * block, exact.SMALL_CALL_COPIES * (world - 1) * block}, firsts
+    assert exact.SMALL_CALL_COPIES * (world - 1) * block in firsts, firsts  # a miss was followed by copies
 
 
 def test_ranks_that_count_their_payloads_apart_raise_layout_mismatch():

@@ -91,10 +91,11 @@ def test_lost_chunks_keep_the_old_value_and_the_fractions_are_of_each_rank_s_own
 
 
 @pytest.mark.parametrize("loss, nbytes, dtype", [
-    (0.0, 20000, "float32"), (0.05, 5, "uint8"), (0.05, 1002, "float16"), (0.05, 20000, "float32"), (0.2, 4000, "int64"),
+    (0.0, 20000, "float32"), (0.0, 400, "int32"), (0.05, 5, "uint8"), (0.05, 1002, "float16"), (0.05, 20000, "float32"), (0.2, 4000, "int64"),
 ])
 def test_exact_scatter_and_gather_deliver_everything_and_send_each_piece_once(loss, nbytes, dtype):
-    """Without loss one call each, every piece sent once by its holder. Under loss every result is
+    """Without loss one call each, every piece sent once by its holder (a small call's too: its
+    first goes in one copy while such calls arrive whole, exact._FirstCallCopies). Under loss every result is
     whole; a call of 64 chunks or more is repaired (only what some rank lacks is sent again), so
     what its holder sends after the first call is less than the first call carried."""
     world = 4

@@ -24,9 +24,11 @@ exact.scatter), not compared by checksums.
 A call of fewer chunks (the mask exchanges are such calls) is repeated whole
 instead, keeping what earlier attempts delivered: after k attempts a chunk is
 missing with probability ~p^k. One of at most SMALL_CALL_BYTES goes out in
-SMALL_CALL_COPIES copies from its first attempt, since latency, not bytes, is
-its cost; but a small broadcast's first call (and a flat one's) goes in one copy
-while such calls on its communicator arrive whole (_FirstCallCopies).
+SMALL_CALL_COPIES copies from its second attempt, since latency, not bytes, is
+its cost; its first call (a small broadcast's, a flat one's, a scatter's, a
+gather's, an all_to_all's) goes in one copy while such calls on its
+communicator arrive whole, and in SMALL_CALL_COPIES for a while after one
+missed (_FirstCallCopies).
 Completeness across attempts is checked by comparing every rank's
 copy: two 32-bit checksums, each agreed as a maximum and as a minimum (4
 agreement rounds, only when an attempt was incomplete). Every decision is an
@@ -428,8 +430,9 @@ _first_call_copying = weakref.WeakKeyDictionary()  # comm -> _FirstCallCopies
 
 
 class _FirstCallCopies:
-    """The copies the first call of a communicator's small broadcasts (of at most SMALL_CALL_BYTES:
-    the whole first call, _whole_first, and a flat one's first) goes in. One while they arrive
+    """The copies the first call of a communicator's small calls (of at most SMALL_CALL_BYTES: a
+    broadcast's whole first call, _whole_first, and the first call of _until_held: a flat
+    broadcast's, a scatter's, a gather's, an all_to_all's) goes in. One while they arrive
     whole: on a clean network each datagram once, as Gloo sends it (8 ranks on a bridge, a 4 KiB
     send/recv shift: 1.23-1.31x Gloo's p50 in one copy against 1.67-1.69x in three;
     docs/performance/exact_allreduce.md, "small calls at the price of their engine call"). After
@@ -442,8 +445,10 @@ class _FirstCallCopies:
     every rank's count afresh (_first_call_copies). A call that ends otherwise (PeerTimeout, an
     interrupt) is not counted: where it ended so on some ranks only, their counts may differ, and
     the first call whose copies then differ ends in LayoutMismatch, which brings them together.
-    Scatter, gather and all_to_all keep SMALL_CALL_COPIES: in one copy they were no faster (2 ranks,
-    all_to_all slower in 5 of 6 pairs)."""
+    A small scatter's, gather's and all_to_all's first call goes by the same count (since
+    2026-12-01): at 8 ranks on a bridge a 64 KiB all_to_all in one copy took 6.5-6.8 ms against
+    8.0-8.5 in three, where each rank took in three times the bytes (pytorch_step_time.md, "Small
+    exchanges in one copy"); at 2 ranks on loopback the two were level."""
     __slots__ = ("wait", "left", "clean", "mismatches")
 
     def __init__(self, mismatches=0):
@@ -607,8 +612,7 @@ def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
             return comm.scatter(rows, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
                                 direct_output=True, layout_salt=_with_copies(salt, copies))  # rows is ours
 
-        stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True,
-                            first_copies_by_outcome=True)
+        stats = _until_held(comm, "scatter", attempt, rows, attempts, deadline, payload_bytes=nbytes, small=True)
         if comm.rank != src:
             words.copy_(tiled[comm.rank])
     return stats
@@ -697,8 +701,8 @@ def all_to_all(comm, tensor, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None
 
         def attempt(mask, copies):
             stats = comm.all_to_all(words, received, loss_budget=1.0, deadline=deadline, chunk_mask=mask,
-                                    copies=copies, direct_output=True, layout_salt=salt,  # received: ours or scratch
-                                    agree_value=agree_value or 0)
+                                    copies=copies, direct_output=True,  # received: ours or scratch
+                                    layout_salt=_with_copies(salt, copies), agree_value=agree_value or 0)
             if stats.agreed_value:  # agreed: every rank stops here (a repeat passes 0 everywhere)
                 raise _Declined(stats)
             return stats
@@ -748,7 +752,7 @@ def scatter(comm, tensor, output, src=0, *, attempts=DEFAULT_ATTEMPTS, deadline=
 
         def attempt(mask, copies):
             return comm.scatter(blocks, src, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                                direct_output=True, layout_salt=salt)  # blocks is ours
+                                direct_output=True, layout_salt=_with_copies(salt, copies))  # blocks is ours
 
         stats = _until_held(comm, "scatter", attempt, blocks, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "scatter", blocks, held, first, attempts - 1,
@@ -783,7 +787,7 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
     with _borrowed(comm, n * width) as gathered:
         def attempt(mask, copies):
             return comm.gather(words, gathered, dst, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
-                               direct_output=True, layout_salt=salt)  # gathered is ours
+                               direct_output=True, layout_salt=_with_copies(salt, copies))  # gathered is ours
 
         stats = _until_held(comm, "gather", attempt, gathered, attempts, deadline,
                             repair=lambda held, first: _repair_rooted(comm, "gather", gathered, held, first, attempts - 1,
@@ -797,31 +801,29 @@ def gather(comm, shard, output, dst=0, *, attempts=DEFAULT_ATTEMPTS, deadline=No
 
 
 def _with_copies(salt, copies):
-    """A small broadcast's first call's layout salt with its copies folded in (the whole first
-    call, a flat one's): ranks whose copies differ (_FirstCallCopies) raise LayoutMismatch
-    together, and start their counts afresh."""
+    """A call's layout salt with its copies folded in (a small call's first goes in the copies
+    _FirstCallCopies gives): ranks whose copies differ raise LayoutMismatch together, and start
+    their counts afresh."""
     return zlib.crc32(bytes([copies]), salt) or 1
 
 
-def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None,
-                first_copies_by_outcome=False):
+def _until_held(comm, collective, attempt, target, attempts, deadline, repair=None, payload_bytes=None, small=None):
     """Calls of `collective` into int32 `target`, each with a chunk mask, until every rank holds
     every chunk of its result (agreed). An incomplete first call of REPAIR_MIN_CHUNKS chunks or
     more is followed by `repair(held, first)` (the stats of its calls); a smaller one (or one
     without a repair) is repeated whole, each call keeping what earlier ones delivered, and goes
     out in SMALL_CALL_COPIES copies when its `payload_bytes` (default: target's size) are at
     most SMALL_CALL_BYTES. `small`: whether the call is small (default: target has fewer than
-    REPAIR_MIN_CHUNKS chunks), the same on every rank. `first_copies_by_outcome`: a small call's
-    first goes in the copies _FirstCallCopies gives (one while such calls arrive whole), and
-    `attempt(mask, copies)` folds the copies into its layout salt (_with_copies); the flat
-    broadcast's. Returns the stats of each call."""
+    REPAIR_MIN_CHUNKS chunks), the same on every rank. A small call's first goes in the copies
+    _FirstCallCopies gives (one while such calls arrive whole), and `attempt(mask, copies)` folds
+    the copies into its layout salt (_with_copies). Returns the stats of each call."""
     held = comm.chunk_mask(collective, target)
     if small is None:
         small = held.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     sized = target.nbytes if payload_bytes is None else payload_bytes
     copies = SMALL_CALL_COPIES if small and sized <= SMALL_CALL_BYTES else 1
     # the first call's, by what earlier ones met
-    copying = _first_call_copies(comm) if copies > 1 and first_copies_by_outcome else None
+    copying = _first_call_copies(comm) if copies > 1 else None
     first_copies = copying.copies(sized) if copying else copies
     calls = [attempt(held, first_copies)]
     if copying:

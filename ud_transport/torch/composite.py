@@ -249,7 +249,8 @@ def _pieces(comm, flat, sends, row_bytes, width, deadline, header=None):
     received = torch.empty_like(source)
     collective = "all_to_all" if header is None else ("all_to_all with splits", width)
     # copies are chosen by the pieces' width, headers aside (the same on every rank: a 64 KiB call
-    # with its headers still goes in the small call's copies); a call of headers alone by its size
+    # with its headers is still a small call, whose copies follow exact._FirstCallCopies); a call
+    # of headers alone by its size
     exact.all_to_all(comm, source.view(-1), received.view(-1), deadline=deadline, collective=collective,
                      scratch_output=True, payload_bytes=len(sends) * width if width else None)
     return received
