@@ -197,6 +197,28 @@ def test_an_exact_broadcast_of_many_chunks_repairs_what_its_first_call_lost(worl
         assert sum(chunks[1:]) < chunks[0] / 2, chunks
 
 
+def test_a_small_exact_all_gather_goes_once_on_a_clean_network_and_in_three_copies_after_a_miss():
+    """A small exact all_gather's first call goes in one copy while such calls arrive whole, and
+    after one missed in SMALL_CALL_COPIES for a while (exact._FirstCallCopies); its repeats always
+    go in SMALL_CALL_COPIES. Every rank makes the same calls, and every result is exact."""
+    from ud_transport import exact
+
+    world, count = 3, 100  # 3 x 400 bytes gathered: 19 chunks of 64 bytes, a small call
+    clean = get_cluster(world, chunk_bytes=64)
+    for _ in range(3):
+        for right, log in clean.run(torch_tasks.exact_call_log, "all_gather", count):
+            assert right and log == [("all_gather", world * count, 1, 1.0)], log
+    lossy = get_cluster(world, chunk_bytes=64, inject=ud_transport.Bernoulli(0.2, seed=23))
+    firsts = []
+    for _ in range(6):
+        per_rank = lossy.run(torch_tasks.exact_call_log, "all_gather", count)
+        log = per_rank[0][1]
+        assert all(right and rank_log == log for right, rank_log in per_rank), per_rank
+        assert all(copies == exact.SMALL_CALL_COPIES for name, _, copies, _ in log[1:] if name == "all_gather"), log
+        firsts.append(log[0][2])
+    assert firsts[0] == 1 and exact.SMALL_CALL_COPIES in firsts[1:], firsts
+
+
 @pytest.mark.parametrize("collective", ["all_gather", "broadcast"])
 def test_an_exact_repair_goes_out_in_copies_and_ends_when_it_arrives_whole(collective):
     """At 1% loss the first call of 2000 chunks lacks some; the masks are exchanged in 3 copies

@@ -241,22 +241,27 @@ def _repeat(comm, attempt, target, what, attempts, deadline, done=()):
                              total_stats[-1])
 
 
-def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, keep=False):
+def _exactly(comm, collective, attempt, target, attempts, deadline, src=None, keep=False, first_by_outcome=False):
     """One call of `collective` ("all_gather" or "broadcast" from `src`) into int32 `target` with
     a chunk mask, then, if some rank missed chunks, repairs (or repeats, below REPAIR_MIN_CHUNKS).
     `attempt(mask, copies)` makes the call. `keep`: on failure put `target` back as it was (it is the
-    caller's; a scratch need not be)."""
+    caller's; a scratch need not be). `first_by_outcome`: a small call's first goes in the copies
+    _FirstCallCopies gives, and `attempt` folds its copies into the layout salt (_with_copies)."""
     n, me = comm.world_size, comm.rank
     fresh = comm.chunk_mask(collective, target)  # of no elements too: the call still pairs with the others'
     if target.numel() == 0:
         return [attempt(fresh, 1)]
     small = fresh.size < REPAIR_MIN_CHUNKS  # the same size, so the same branch, on every rank
     copies = _small_call_copies(target.nbytes) if small else 1
+    copying = _first_call_copies(comm) if first_by_outcome and copies > 1 else None
     with _borrowed(comm, target.numel()) if keep else contextlib.nullcontext() as saved:
         if keep:
             saved.copy_(target)
         try:  # every call writes into target directly (direct_output): a failed one leaves it partly written
-            first = attempt(fresh, copies)
+            first_copies = copying.copies(target.nbytes) if copying else copies
+            first = attempt(fresh, first_copies)
+            if copying:
+                copying.note(first_copies, target.nbytes, missed=first.gather_fraction < 1.0)
             if first.gather_fraction >= 1.0:
                 return [first]
             if attempts <= 1:
@@ -338,7 +343,7 @@ def _lacked_everywhere(comm, held, attempts, deadline):
 
     packed = np.packbits(held)
     everyone = np.empty((comm.world_size, packed.size), dtype=np.uint8)
-    all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline)
+    all_gather(comm, packed, everyone.reshape(-1), attempts=attempts, deadline=deadline, first_by_outcome=False)
     return ~np.unpackbits(everyone, axis=1, count=held.size).astype(bool)
 
 
@@ -620,12 +625,15 @@ def _flat_broadcast(comm, words, src, attempts, deadline, salt, nbytes):
 
 @staging.stages(reads=("shard",), writes=("output",), refusing=_staging_in_step)
 @_without_autograd
-def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather"):
+def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None, collective="all_gather",
+               first_by_outcome=True):
     """Gather every rank's shard (any dtype, the same size everywhere) into
     `output`, rank r's at [r * len(shard), (r + 1) * len(shard)), exactly.
     `collective`: what the caller's call is (e.g. ("gather", root)), checked across ranks with the
     shard's byte count: ranks whose calls differ raise LayoutMismatch. `output` is written only
-    on success. Returns the stats of each call."""
+    on success. `first_by_outcome`: a small call's first goes in one copy while such calls arrive
+    whole (_FirstCallCopies); False: always in SMALL_CALL_COPIES (a repair's mask exchange, which
+    follows a loss, and must not wait on another). Returns the stats of each call."""
     import torch
 
     with _refused_in_step(comm, deadline):  # refused before anything is sent, not after
@@ -639,11 +647,11 @@ def all_gather(comm, shard, output, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
     width = words.numel()
     with _borrowed(comm, comm.world_size * width) as gathered:
         gathered[comm.rank * width:(comm.rank + 1) * width].copy_(words)
-        stats = _exactly(comm, "all_gather", lambda mask, copies: comm.all_gather(words, gathered, loss_budget=1.0,
-                                                                                  deadline=deadline, chunk_mask=mask,
-                                                                                  copies=copies, direct_output=True,
-                                                                                  layout_salt=salt),
-                         gathered, attempts, deadline)  # gathered is ours: nothing to put back
+        def attempt(mask, copies):
+            return comm.all_gather(words, gathered, loss_budget=1.0, deadline=deadline, chunk_mask=mask, copies=copies,
+                                   direct_output=True, layout_salt=_with_copies(salt, copies))  # gathered is ours
+
+        stats = _exactly(comm, "all_gather", attempt, gathered, attempts, deadline, first_by_outcome=first_by_outcome)
         target, copy_back = as_words(output, writes=True)
         target_bytes = target.view(torch.uint8)
         rows = gathered.view(torch.uint8).view(comm.world_size, 4 * width)[:, :shard_bytes]
