@@ -40,6 +40,7 @@ def direct_calls(comm, count):
     message = torch.full((count,), float(comm.rank))
     n = comm.world_size
     pieces = torch.ones(n * count)
+    exchanged = torch.empty(count)
     return {
         "agree": lambda: comm._run(_agree_code(), None, None, 0, agree_value=1, loss_budget=0.0, deadline=5.0),
         "allreduce float32 (lossy)": lambda: comm.allreduce(floats.fill_(1.0), loss_budget=0.1),
@@ -47,6 +48,7 @@ def direct_calls(comm, count):
         "exact.broadcast": lambda: exact.broadcast(comm, message, 0)[-1],
         "exact.gather": lambda: exact.gather(comm, message, pieces if comm.rank == 0 else None, 0)[-1],
         "exact.scatter": lambda: exact.scatter(comm, pieces if comm.rank == 0 else None, message, 0)[-1],
+        "exact.all_to_all": lambda: exact.all_to_all(comm, floats, exchanged)[-1],
     }
 
 
@@ -81,6 +83,9 @@ def group_calls(comm, count, backend):
     listed = [torch.empty(count) for _ in range(n)]
     calls["gather"] = lambda: dist.gather(message, listed if comm.rank == 0 else None, dst=0, group=group)
     calls["scatter"] = lambda: dist.scatter(inbox, listed if comm.rank == 0 else None, src=0, group=group)
+    if count % n == 0:
+        exchanged = torch.empty(count)
+        calls["all_to_all_single"] = lambda: dist.all_to_all_single(exchanged, floats, group=group)
     if n > 1:
         calls["send/recv (a ring shift)"] = shift
     return calls
