@@ -66,15 +66,52 @@ static void count_arrival(struct call *c, struct udt_comm *comm, uint32_t peer)
     }
 }
 
-/* A grown credit goes out once it grew by half a window (or on the refresh timer). Bigger
- * grants fill a sender's send batches: at 4 ranks on a bridge, MTU 1500, 64 MiB, 22.7 datagrams
- * per sendmmsg against 19.5 with a quarter, 15% fewer send calls (stats.send_calls; measured in
- * docs/performance/wire_measurements.md, "The credit window"). The window bounds what is in flight either way. */
+/* A grown credit goes out once it grew by half a sender's share of the window (or on the refresh
+ * timer). Bigger grants fill a sender's send batches: at 4 ranks on a bridge, MTU 1500, 64 MiB,
+ * 22.7 datagrams per sendmmsg against 19.5 with a quarter, 15% fewer send calls (stats.send_calls;
+ * measured in docs/performance/wire_measurements.md, "The credit window"). The window bounds what
+ * is in flight either way. */
 #define CREDIT_GROWTH_DIVISOR 2
 
+/* Past this many windows still to come from the senders' next steps, the earliest step takes the
+ * whole window (a stream, in full send batches, one sender at a time); at or below it the window
+ * is split among the senders (sender_share). */
+#define SHARED_WINDOWS 4
+
+/* The share of the window each sender with an open step gets in a short exchange: the window
+ * split evenly among them (at least the engine's floor of 16 chunks), so that every sender a rank
+ * waits on can send at once, and one that waits for a core (8 ranks on 2 cores) holds back only
+ * its own share. Until 2026-12-01 the earliest step always took the whole window, and on a gather,
+ * an all_to_all or a 1 MiB allreduce at 8 ranks the later senders waited for the earlier ones'
+ * pieces. A long exchange keeps that (the whole window): split there, each sender's credit grew by
+ * a few chunks at a time and a 16 MiB allreduce at 8 ranks took 1.3 times as long. */
+static uint32_t sender_share(const struct call *c, uint32_t epoch, struct udt_comm *comm)
+{
+    uint32_t senders = 0, looked = 0;
+    uint64_t to_come = 0; /* chunks of each sender's next open step */
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
+        const struct step_state *s = &c->state[g];
+        int32_t p = c->step[g].recv_peer;
+        if (p == UDT_NO_PEER || s->closed)
+            continue;
+        looked++;
+        struct peer_state *peer = &comm->peers[p];
+        if (s->expected > s->seen_end && peer->wanted_epoch != epoch) {
+            peer->wanted_epoch = epoch; /* counted; the walk stamps it again with the next epoch */
+            senders++;
+            to_come += s->expected - s->seen_end;
+        }
+    }
+    if (senders <= 1 || to_come > (uint64_t)SHARED_WINDOWS * c->data.window_chunks)
+        return c->data.window_chunks;
+    uint32_t share = c->data.window_chunks / senders;
+    return share < 16 ? 16 : share;
+}
+
 /* Credits: walk the open receive steps in order and hand out the window,
- * step by step, to whoever sends each of them. A sender's credit is a
- * position (step * max_chunks + chunk) it may not reach. */
+ * step by step, to whoever sends each of them, each sender at most its
+ * share (over all its steps). A sender's credit is a position
+ * (step * max_chunks + chunk) it may not reach. */
 int udt_grant_credits(struct call *c, uint64_t now, int force)
 {
     struct udt_comm *comm = udt_comm_of(c);
@@ -83,6 +120,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         return 0; /* nothing moved and no refresh is due */
     c->data.credits_walked_ns = now;
     c->data.credits_dirty = 0;
+    uint32_t share = sender_share(c, ++comm->credit_epoch, comm);
     comm->credit_epoch++;
     int32_t touched[CREDIT_LOOKAHEAD_STEPS];
     int touched_count = 0;
@@ -94,15 +132,21 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         if (p == UDT_NO_PEER || s->closed)
             continue;
         looked++;
-        uint32_t room = s->expected - s->seen_end;
-        uint32_t take = room < budget ? room : budget;
-        budget -= take;
         struct peer_state *peer = &comm->peers[p];
         if (peer->wanted_epoch != comm->credit_epoch) { /* first step of this sender in this walk */
             peer->wanted_epoch = comm->credit_epoch;
             touched[touched_count++] = p;
-            peer->wanted = 0;
+            peer->wanted = peer->taken = 0;
         }
+        uint32_t room = s->expected - s->seen_end;
+        uint32_t take = room < budget ? room : budget;
+        if (take > share - peer->taken)
+            take = share - peer->taken;
+        if (take == 0 && room > 0)
+            continue; /* its share is spent: a credit is a position, so none reaches past this step */
+        budget -= take;
+        /* a step left partly uncovered holds back this sender's later ones */
+        peer->taken = take < room ? share : peer->taken + take;
         uint32_t want = g * c->geometry.max_chunks + s->seen_end + take;
         if (want > peer->wanted)
             peer->wanted = want;
@@ -110,7 +154,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
     for (int i = 0; i < touched_count; i++) {
         struct peer_state *peer = &comm->peers[touched[i]];
         uint32_t grant = peer->wanted > peer->in_call.granted ? peer->wanted : peer->in_call.granted;
-        int grew = grant >= peer->in_call.granted + c->data.window_chunks / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
+        int grew = grant >= peer->in_call.granted + share / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
         if (!force && !grew && now - peer->in_call.granted_at_ns < refresh)
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);

@@ -97,6 +97,7 @@ struct peer_state {
     struct peer_in_call in_call;
     /* scratch of udt_grant_credits and udt_send_some, stamped with the communicator's epochs */
     uint32_t wanted;
+    uint32_t taken;             /* of the walk's window, what this sender's steps took */
     uint32_t wanted_epoch;
     uint32_t send_blocked_epoch;
     /* kept between calls */

@@ -1,0 +1,80 @@
+/* The credits a receiver hands out when a call starts (tests/test_credit_share.py): rank 0 of a
+ * world of 8 starts a call over the in-memory transport, and the peers' endpoints read the
+ * CREDIT datagrams it sent them. Prints, for each peer, the chunks its first credit covers in its
+ * first step to rank 0 (0: no credit), then the window. The engine is native/ as built; the
+ * other ranks are endpoints only, so nothing arrives and nothing is seen yet.
+ *
+ * Usage: credit_share gather|all_to_all|allreduce CHUNKS (each sender's piece to rank 0, in chunks) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "elementwise.h"
+#include "engine.h"
+#include "engine_internal.h"
+#include "transport_memory.h"
+#include "wire.h"
+
+#define WORLD 8
+#define CHUNK_BYTES 64                /* 16 float32 a chunk */
+#define MAX_BLOCK_CHUNKS 1024
+#define WINDOW_CHUNKS 192
+#define SESSION 0x5566778899aabbccull
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return 2;
+    uint64_t block_chunks = strtoull(argv[2], NULL, 10);
+    if (block_chunks < 1 || block_chunks > MAX_BLOCK_CHUNKS)
+        return 2;
+    int collective = strcmp(argv[1], "gather") == 0       ? UDT_GATHER
+                     : strcmp(argv[1], "all_to_all") == 0 ? UDT_ALL_TO_ALL
+                     : strcmp(argv[1], "allreduce") == 0  ? UDT_ALLREDUCE
+                                                          : -1;
+    if (collective < 0)
+        return 2;
+    struct udt_memory_network *net = udt_memory_network_create(WORLD, UDT_WIRE_HEADER_BYTES + CHUNK_BYTES);
+    struct udt_transport *peers[WORLD] = {0};
+    for (uint32_t r = 1; r < WORLD; r++)
+        peers[r] = udt_memory_open(net, r);
+    struct udt_engine_options options = {.chunk_bytes = CHUNK_BYTES, .window_bytes = WINDOW_CHUNKS * CHUNK_BYTES,
+                                         .end_repeats = 2, .credit_refresh_us = 2000, .reorder_grace_us = 200,
+                                         .idle_close_us = 20000, .agree_resend_us = 1000, .join_timeout_ms = 1000};
+    struct udt_error error;
+    struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, WORLD, SESSION, &options, &error);
+    if (!comm)
+        return 3;
+    static float input[WORLD * MAX_BLOCK_CHUNKS * 16], output[WORLD * MAX_BLOCK_CHUNKS * 16];
+    struct udt_collective_args args = {.collective = collective, .algorithm = UDT_ALGORITHM_DIRECT, .input = input,
+                                       .output = output, .count = WORLD * block_chunks * 16, .dtype = UDT_FLOAT32, .op = UDT_OP_SUM,
+                                       .estimator = UDT_ESTIMATOR_UNBIASED, .root = 0, .loss_budget = 1.0,
+                                       .deadline_s = 1.0};
+    struct udt_collective_stats stats;
+    if (udt_call_start(comm, &args, &stats, 1000000000ull) != UDT_OK) {
+        fprintf(stderr, "%s\n", udt_comm_error(comm)->message);
+        return 3;
+    }
+    uint32_t max_chunks = (uint32_t)comm->call.geometry.max_chunks;
+    for (uint32_t r = 1; r < WORLD; r++) {
+        uint32_t covered = 0; /* the largest credit's chunks past the start of the step it falls in */
+        struct udt_recv_item items[16];
+        int got;
+        while ((got = udt_transport_recv(peers[r], items, 16)) > 0)
+            for (int i = 0; i < got; i++) {
+                struct udt_wire_header h;
+                if (udt_wire_decode(items[i].data, items[i].bytes, &h) != 0 || h.kind != UDT_KIND_CREDIT || h.credit == 0)
+                    continue;
+                uint32_t chunks = (h.credit - 1) % max_chunks + 1;
+                if (chunks > covered)
+                    covered = chunks;
+            }
+        printf("%u ", covered);
+    }
+    printf("window %u\n", comm->call.data.window_chunks);
+    udt_comm_destroy(comm);
+    for (uint32_t r = 1; r < WORLD; r++)
+        udt_transport_destroy(peers[r]);
+    udt_memory_network_destroy(net);
+    return 0;
+}

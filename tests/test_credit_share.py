@@ -1,0 +1,64 @@
+"""A receiver splits its credit window among the senders it waits on in a short exchange
+(native/data.c, sender_share): when a call starts, every sender of an open step gets an even share
+at once, and together they are never credited more than the window. In a long one (more than
+SHARED_WINDOWS windows still to come) the earliest step takes the whole window, a stream in full
+send batches. Rank 0 of a world of 8 starts a gather, an all_to_all and a direct allreduce over the
+in-memory transport (tests/native/credit_share.c, the engine as built); its peers' endpoints read
+the credits it sent. Before the share, the earliest steps always took the whole window (64 chunks
+each to three senders) and the other four senders got no credit until those pieces had come."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import skip_or_fail
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ["control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm", "schedule", "elementwise",
+          "transport_memory"]
+WINDOW = 192  # chunks, as the harness sets it
+SHARED_WINDOWS = 4  # native/data.c
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    compiler = shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        skip_or_fail("no C compiler (gcc or clang) to build the credit harness")
+    binary = tmp_path_factory.mktemp("credit") / "credit_share"
+    build = subprocess.run([compiler, "-O1", "-g", "-std=gnu11", "-Wall", "-Werror", "-I", str(ROOT / "native"),
+                            str(ROOT / "tests" / "native" / "credit_share.c"),
+                            *[str(ROOT / "native" / f"{name}.c") for name in ENGINE], "-lm", "-o", str(binary)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return binary
+
+
+def first_credits(harness, collective, piece_chunks):
+    """The chunks rank 0's first credit to each of its 7 peers covers."""
+    run = subprocess.run([str(harness), collective, str(piece_chunks)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    *covered, label, window = run.stdout.split()
+    assert label == "window" and int(window) == WINDOW, run.stdout
+    return [int(chunks) for chunks in covered]
+
+
+@pytest.mark.parametrize("collective", ["gather", "all_to_all", "allreduce"])
+def test_every_sender_gets_an_even_share_of_the_window_at_once(harness, collective):
+    piece = 64  # 7 pieces of 64 chunks: 448, at most SHARED_WINDOWS windows
+    assert 7 * piece <= SHARED_WINDOWS * WINDOW
+    covered = first_credits(harness, collective, piece)
+    share = WINDOW // 7  # seven senders, each with a piece larger than its share
+    # a direct allreduce's receive steps from each sender: its reduce-scatter step first, then its
+    # all-gather step, which gets nothing while the first is open
+    assert covered == [share] * 7, covered
+    assert sum(covered) <= WINDOW, covered
+
+
+@pytest.mark.parametrize("collective", ["gather", "all_to_all"])
+def test_in_a_long_exchange_the_earliest_step_takes_the_whole_window(harness, collective):
+    piece = 128  # 7 pieces of 128 chunks: 896, more than SHARED_WINDOWS windows
+    assert 7 * piece > SHARED_WINDOWS * WINDOW
+    covered = first_credits(harness, collective, piece)
+    assert sorted(covered, reverse=True) == [piece, WINDOW - piece] + [0] * 5, covered
