@@ -108,6 +108,32 @@ static uint32_t sender_share(const struct call *c, uint32_t epoch, struct udt_co
     return share < 16 ? 16 : share;
 }
 
+/* Of receive step g's chunks not yet seen, how many its sender already holds credit for. */
+static uint32_t credit_held(const struct call *c, const struct peer_state *peer, uint32_t g)
+{
+    const struct step_state *s = &c->state[g];
+    uint32_t from = g * c->geometry.max_chunks + s->seen_end, room = s->expected - s->seen_end;
+    uint32_t held = peer->in_call.granted > from ? peer->in_call.granted - from : 0;
+    return held < room ? held : room;
+}
+
+/* The window less what senders already hold of the open steps the walk looks at: a credit cannot
+ * be taken back, so what is out counts against the window whatever the walk would give now (a
+ * share shrinks as a long exchange becomes a short one). */
+static uint32_t window_left(const struct call *c, struct udt_comm *comm)
+{
+    uint64_t held = 0;
+    uint32_t looked = 0;
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
+        int32_t p = c->step[g].recv_peer;
+        if (p == UDT_NO_PEER || c->state[g].closed)
+            continue;
+        looked++;
+        held += credit_held(c, &comm->peers[p], g);
+    }
+    return held < c->data.window_chunks ? c->data.window_chunks - (uint32_t)held : 0;
+}
+
 /* Credits: walk the open receive steps in order and hand out the window,
  * step by step, to whoever sends each of them, each sender at most its
  * share (over all its steps). A sender's credit is a position
@@ -124,9 +150,9 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
     comm->credit_epoch++;
     int32_t touched[CREDIT_LOOKAHEAD_STEPS];
     int touched_count = 0;
-    uint32_t budget = c->data.window_chunks;
+    uint32_t budget = window_left(c, comm); /* for credit beyond what senders hold */
     uint32_t looked = 0;
-    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && budget > 0 && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps && looked < CREDIT_LOOKAHEAD_STEPS; g++) {
         struct step_state *s = &c->state[g];
         int32_t p = c->step[g].recv_peer;
         if (p == UDT_NO_PEER || s->closed)
@@ -139,12 +165,14 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
             peer->wanted = peer->taken = 0;
         }
         uint32_t room = s->expected - s->seen_end;
-        uint32_t take = room < budget ? room : budget;
-        if (take > share - peer->taken)
-            take = share - peer->taken;
+        uint32_t held = credit_held(c, peer, g);
+        uint32_t left = peer->taken < share ? share - peer->taken : 0; /* of this sender's share */
+        uint32_t take = held > left ? held : left;
+        take = take < held + budget ? take : held + budget;
+        take = take < room ? take : room;
         if (take == 0 && room > 0)
-            continue; /* its share is spent: a credit is a position, so none reaches past this step */
-        budget -= take;
+            continue; /* nothing for it now: a credit is a position, so none reaches past this step */
+        budget -= take - held;
         /* a step left partly uncovered holds back this sender's later ones */
         peer->taken = take < room ? share : peer->taken + take;
         uint32_t want = g * c->geometry.max_chunks + s->seen_end + take;

@@ -39,7 +39,7 @@ def first_credits(harness, collective, piece_chunks):
     """The chunks rank 0's first credit to each of its 7 peers covers."""
     run = subprocess.run([str(harness), collective, str(piece_chunks)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
-    *covered, label, window = run.stdout.split()
+    *covered, label, window = run.stdout.splitlines()[0].split()
     assert label == "window" and int(window) == WINDOW, run.stdout
     return [int(chunks) for chunks in covered]
 
@@ -62,3 +62,17 @@ def test_in_a_long_exchange_the_earliest_step_takes_the_whole_window(harness, co
     assert 7 * piece > SHARED_WINDOWS * WINDOW
     covered = first_credits(harness, collective, piece)
     assert sorted(covered, reverse=True) == [piece, WINDOW - piece] + [0] * 5, covered
+
+
+def test_credit_already_out_counts_against_the_window_when_the_exchange_turns_short(harness):
+    """A gather of 7 pieces of 128 chunks starts long: rank 1's step takes 128 chunks of the window
+    and rank 2's the other 64. Once rank 1's piece has come, 6 pieces (768 chunks) are left: a
+    short exchange, with a share of 32. Rank 2 still holds its 64, which cannot be taken back, so
+    the others share what is left: in all, no more than the window (at 8f13301, 224)."""
+    run = subprocess.run([str(harness), "gather", "128", "arrive"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    first, after = run.stdout.splitlines()
+    assert first.split()[:7] == ["128", "64", "0", "0", "0", "0", "0"], first
+    words = after.split()
+    assert words[0] == "outstanding" and words[4:] == ["step_closed", "1"], after
+    assert int(words[1]) == int(words[3]) == WINDOW, after  # the whole window, and not a chunk more

@@ -4,7 +4,11 @@
  * first step to rank 0 (0: no credit), then the window. The engine is native/ as built; the
  * other ranks are endpoints only, so nothing arrives and nothing is seen yet.
  *
- * Usage: credit_share gather|all_to_all|allreduce CHUNKS (each sender's piece to rank 0, in chunks) */
+ * With a third argument "arrive", rank 1's whole piece then arrives (a gather: the exchange may turn
+ * from long to short), and a second line prints the chunks all senders together hold credit for
+ * beyond what rank 0 has seen, then the window: never more than the window.
+ *
+ * Usage: credit_share gather|all_to_all|allreduce CHUNKS [arrive] (CHUNKS: each sender's piece to rank 0) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +27,7 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 3)
+    if (argc != 3 && argc != 4)
         return 2;
     uint64_t block_chunks = strtoull(argv[2], NULL, 10);
     if (block_chunks < 1 || block_chunks > MAX_BLOCK_CHUNKS)
@@ -72,6 +76,41 @@ int main(int argc, char **argv)
         printf("%u ", covered);
     }
     printf("window %u\n", comm->call.data.window_chunks);
+    if (argc == 4) { /* rank 1's piece arrives whole, then the credits are walked again */
+        const struct call *c = &comm->call;
+        uint32_t g1 = 0;
+        while (g1 < c->schedule.steps && c->step[g1].recv_peer != 1)
+            g1++;
+        uint8_t datagram[UDT_WIRE_HEADER_BYTES + CHUNK_BYTES];
+        memset(datagram, 0, sizeof datagram);
+        uint64_t now = 1000000000ull, wake;
+        for (uint32_t k = 0; k < c->state[g1].expected; k++) {
+            struct udt_wire_header h = {.magic = UDT_WIRE_MAGIC, .version = UDT_WIRE_VERSION, .kind = UDT_KIND_DATA,
+                                        .phase = c->step[g1].phase, .session_id = SESSION, .sequence = c->sequence,
+                                        .step = (uint16_t)g1, .source_rank = 1, .chunk_index = k, .contributions = 1,
+                                        .payload_bytes = CHUNK_BYTES, .layout_tag = c->layout_tag,
+                                        .credit = c->state[g1].expected};
+            udt_wire_encode(&h, datagram);
+            struct udt_send_item item = {.peer = 0, .header = datagram, .header_bytes = sizeof datagram};
+            if (udt_transport_send(peers[1], &item, 1) != 1)
+                return 4;
+            now += 1000; /* rank 0 takes each datagram as it comes (the memory network's queues are short) */
+            if (udt_call_progress(comm, now, &wake) < 0)
+                return 4;
+        }
+        uint64_t outstanding = 0;
+        for (uint32_t g = c->data.recv_step; g < c->schedule.steps; g++) {
+            int32_t p = c->step[g].recv_peer;
+            if (p == UDT_NO_PEER || c->state[g].closed)
+                continue;
+            uint32_t from = g * c->geometry.max_chunks + c->state[g].seen_end, room = c->state[g].expected - c->state[g].seen_end;
+            uint32_t granted = comm->peers[p].in_call.granted;
+            uint32_t held = granted > from ? granted - from : 0;
+            outstanding += held < room ? held : room;
+        }
+        printf("outstanding %llu window %u step_closed %d\n", (unsigned long long)outstanding, c->data.window_chunks,
+               (int)c->state[g1].closed);
+    }
     udt_comm_destroy(comm);
     for (uint32_t r = 1; r < WORLD; r++)
         udt_transport_destroy(peers[r]);
