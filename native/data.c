@@ -159,19 +159,21 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
             continue;
         looked++;
         struct peer_state *peer = &comm->peers[p];
-        if (peer->wanted_epoch != comm->credit_epoch) { /* first step of this sender in this walk */
-            peer->wanted_epoch = comm->credit_epoch;
-            touched[touched_count++] = p;
-            peer->wanted = peer->taken = 0;
-        }
+        int first = peer->wanted_epoch != comm->credit_epoch; /* first step of this sender in this walk */
+        uint32_t taken = first ? 0 : peer->taken;
         uint32_t room = s->expected - s->seen_end;
         uint32_t held = credit_held(c, peer, g);
-        uint32_t left = peer->taken < share ? share - peer->taken : 0; /* of this sender's share */
+        uint32_t left = taken < share ? share - taken : 0; /* of this sender's share */
         uint32_t take = held > left ? held : left;
         take = take < held + budget ? take : held + budget;
         take = take < room ? take : room;
         if (take == 0 && room > 0)
-            continue; /* nothing for it now: a credit is a position, so none reaches past this step */
+            continue; /* nothing for it now (not even a refresh): a credit is a position, so none reaches past this step */
+        if (first) {
+            peer->wanted_epoch = comm->credit_epoch;
+            touched[touched_count++] = p;
+            peer->wanted = peer->taken = 0;
+        }
         budget -= take - held;
         /* a step left partly uncovered holds back this sender's later ones */
         peer->taken = take < room ? share : peer->taken + take;
