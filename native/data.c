@@ -167,8 +167,9 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         uint32_t take = held > left ? held : left;
         take = take < held + budget ? take : held + budget;
         take = take < room ? take : room;
-        if (take == 0 && room > 0)
-            continue; /* nothing for it now (not even a refresh): a credit is a position, so none reaches past this step */
+        if (take == 0)
+            continue; /* nothing for it now (not even a refresh), or nothing left to send (a step that is
+                       * empty, or all seen): a credit is a position, so none reaches past this step */
         if (first) {
             peer->wanted_epoch = comm->credit_epoch;
             touched[touched_count++] = p;
@@ -178,13 +179,18 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
         /* a step left partly uncovered holds back this sender's later ones */
         peer->taken = take < room ? share : peer->taken + take;
         uint32_t want = g * c->geometry.max_chunks + s->seen_end + take;
-        if (want > peer->wanted)
+        if (want > peer->wanted) {
             peer->wanted = want;
+            peer->wanted_ends_step = take == room;
+        }
     }
     for (int i = 0; i < touched_count; i++) {
         struct peer_state *peer = &comm->peers[touched[i]];
         uint32_t grant = peer->wanted > peer->in_call.granted ? peer->wanted : peer->in_call.granted;
-        int grew = grant >= peer->in_call.granted + share / CREDIT_GROWTH_DIVISOR || (grant > peer->in_call.granted && peer->in_call.granted == 0);
+        /* a credit that reaches the end of a step goes out at once: no more of that step would ever
+         * grow it by half a share, and its sender would wait for the refresh */
+        int grew = grant >= peer->in_call.granted + share / CREDIT_GROWTH_DIVISOR ||
+                   (grant > peer->in_call.granted && (peer->in_call.granted == 0 || (grant == peer->wanted && peer->wanted_ends_step)));
         if (!force && !grew && now - peer->in_call.granted_at_ns < refresh)
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);

@@ -98,6 +98,7 @@ struct peer_state {
     /* scratch of udt_grant_credits and udt_send_some, stamped with the communicator's epochs */
     uint32_t wanted;
     uint32_t taken;             /* of the walk's window, what this sender's steps took */
+    uint8_t wanted_ends_step;   /* `wanted` is the end of a step: nothing more of it to credit */
     uint32_t wanted_epoch;
     uint32_t send_blocked_epoch;
     /* kept between calls */

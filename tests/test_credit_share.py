@@ -76,3 +76,13 @@ def test_credit_already_out_counts_against_the_window_when_the_exchange_turns_sh
     words = after.split()
     assert words[0] == "outstanding" and words[4:] == ["step_closed", "1"], after
     assert int(words[1]) == int(words[3]) == WINDOW, after  # the whole window, and not a chunk more
+
+
+def test_the_credit_that_reaches_a_steps_end_goes_out_at_once(harness):
+    """A gather of 7 pieces of 64 chunks: each sender's share is 27, and a credit goes out once it
+    grew by half a share (13). Rank 1 sends only as far as its credits reach, on a clock that never
+    gets to the 2 ms refresh: the credits go 27, 40, 53, then 64, the end of its piece, though that
+    last one grew by 11 only. At 0aa20fb it stopped at 53 until the refresh."""
+    run = subprocess.run([str(harness), "gather", "64", "tail"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[1] == "sent 64 of 64", run.stdout

@@ -8,7 +8,11 @@
  * from long to short), and a second line prints the chunks all senders together hold credit for
  * beyond what rank 0 has seen, then the window: never more than the window.
  *
- * Usage: credit_share gather|all_to_all|allreduce CHUNKS [arrive] (CHUNKS: each sender's piece to rank 0) */
+ * With "tail" instead, rank 1 sends its piece only as far as its credits reach, on a clock that
+ * never gets to the 2 ms refresh, and a second line prints how many chunks of the piece it could
+ * send: all of them, when the credit that reaches a step's end goes out at once.
+ *
+ * Usage: credit_share gather|all_to_all|allreduce CHUNKS [arrive|tail] (CHUNKS: each sender's piece to rank 0) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +63,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", udt_comm_error(comm)->message);
         return 3;
     }
-    uint32_t max_chunks = (uint32_t)comm->call.geometry.max_chunks;
+    uint32_t max_chunks = (uint32_t)comm->call.geometry.max_chunks, first_covered[WORLD] = {0};
     for (uint32_t r = 1; r < WORLD; r++) {
         uint32_t covered = 0; /* the largest credit's chunks past the start of the step it falls in */
         struct udt_recv_item items[16];
@@ -73,11 +77,14 @@ int main(int argc, char **argv)
                 if (chunks > covered)
                     covered = chunks;
             }
+        first_covered[r] = covered;
         printf("%u ", covered);
     }
     printf("window %u\n", comm->call.data.window_chunks);
-    if (argc == 4) { /* rank 1's piece arrives whole, then the credits are walked again */
+    if (argc == 4) { /* rank 1's piece arrives (whole, or as far as its credits reach) */
         const struct call *c = &comm->call;
+        int tail = strcmp(argv[3], "tail") == 0;
+        uint32_t credited = first_covered[1]; /* rank 1's chunks credited in its step (tail) */
         uint32_t g1 = 0;
         while (g1 < c->schedule.steps && c->step[g1].recv_peer != 1)
             g1++;
@@ -85,6 +92,19 @@ int main(int argc, char **argv)
         memset(datagram, 0, sizeof datagram);
         uint64_t now = 1000000000ull, wake;
         for (uint32_t k = 0; k < c->state[g1].expected; k++) {
+            if (tail) { /* the credits that reached rank 1 so far */
+                struct udt_recv_item items[16];
+                int got;
+                while ((got = udt_transport_recv(peers[1], items, 16)) > 0)
+                    for (int i = 0; i < got; i++) {
+                        struct udt_wire_header h;
+                        if (udt_wire_decode(items[i].data, items[i].bytes, &h) == 0 && h.kind == UDT_KIND_CREDIT &&
+                            h.credit > g1 * max_chunks && h.credit - g1 * max_chunks > credited)
+                            credited = h.credit - g1 * max_chunks;
+                    }
+                if (k >= credited)
+                    break;
+            }
             struct udt_wire_header h = {.magic = UDT_WIRE_MAGIC, .version = UDT_WIRE_VERSION, .kind = UDT_KIND_DATA,
                                         .phase = c->step[g1].phase, .session_id = SESSION, .sequence = c->sequence,
                                         .step = (uint16_t)g1, .source_rank = 1, .chunk_index = k, .contributions = 1,
@@ -98,6 +118,9 @@ int main(int argc, char **argv)
             if (udt_call_progress(comm, now, &wake) < 0)
                 return 4;
         }
+        if (tail)
+            printf("sent %u of %u\n", credited < c->state[g1].expected ? credited : c->state[g1].expected,
+                   c->state[g1].expected);
         uint64_t outstanding = 0;
         for (uint32_t g = c->data.recv_step; g < c->schedule.steps; g++) {
             int32_t p = c->step[g].recv_peer;
@@ -108,8 +131,9 @@ int main(int argc, char **argv)
             uint32_t held = granted > from ? granted - from : 0;
             outstanding += held < room ? held : room;
         }
-        printf("outstanding %llu window %u step_closed %d\n", (unsigned long long)outstanding, c->data.window_chunks,
-               (int)c->state[g1].closed);
+        if (!tail)
+            printf("outstanding %llu window %u step_closed %d\n", (unsigned long long)outstanding, c->data.window_chunks,
+                   (int)c->state[g1].closed);
     }
     udt_comm_destroy(comm);
     for (uint32_t r = 1; r < WORLD; r++)
