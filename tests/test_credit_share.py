@@ -2,7 +2,7 @@
 (native/data.c, sender_share): when a call starts, every sender of an open step gets an even share
 at once, and together they are never credited more than the window. In a long one (more than
 SHARED_WINDOWS windows still to come) the earliest step takes the whole window, a stream in full
-send batches. Rank 0 of a world of 8 starts a gather, an all_to_all and a direct allreduce over the
+send batches. Rank 0 of a world of 8 (20 for the empty steps) starts a gather, an all_to_all and a direct allreduce over the
 in-memory transport (tests/native/credit_share.c, the engine as built); its peers' endpoints read
 the credits it sent. Before the share, the earliest steps always took the whole window (64 chunks
 each to three senders) and the other four senders got no credit until those pieces had come."""
@@ -86,3 +86,17 @@ def test_the_credit_that_reaches_a_steps_end_goes_out_at_once(harness):
     run = subprocess.run([str(harness), "gather", "64", "tail"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines()[1] == "sent 64 of 64", run.stdout
+
+
+def test_an_empty_step_gives_no_credit_through_its_senders_uncovered_one(harness):
+    """A direct allreduce at 20 ranks of 17 elements, with the window at its floor of 16 chunks:
+    rank 0's reduce-scatter steps are one chunk each, and the window runs out after 16 of its 19
+    senders. The last three senders' blocks are empty, so their all-gather steps to rank 0 have
+    nothing to credit. A credit is a position: given to an empty step, it would let its sender send
+    its earlier, uncovered step too (19 chunks held against a window of 16 when the walk did not
+    skip such steps, before f2edda6)."""
+    run = subprocess.run([str(harness), "allreduce", "1", "empty"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    words = run.stdout.split()
+    assert words[0] == "outstanding" and words[2] == "window" and int(words[3]) == 16, run.stdout
+    assert int(words[1]) == 16, run.stdout  # the whole window is out, and not a chunk more

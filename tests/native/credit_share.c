@@ -12,7 +12,14 @@
  * never gets to the 2 ms refresh, and a second line prints how many chunks of the piece it could
  * send: all of them, when the credit that reaches a step's end goes out at once.
  *
- * Usage: credit_share gather|all_to_all|allreduce CHUNKS [arrive|tail] (CHUNKS: each sender's piece to rank 0) */
+ * With "empty" instead (allreduce only), the world is EMPTY_WORLD ranks, the window its floor of 16
+ * chunks and the tensor EMPTY_COUNT elements: one element a block for the first ranks, none for the
+ * last ones. Each of rank 0's reduce-scatter steps is one chunk, the window runs out before the
+ * last senders' steps, and those senders' all-gather steps are empty. Only a line "outstanding N
+ * window W" is printed: the chunks all senders hold credit for, never more than the window (a
+ * credit walk that gave an empty step a position would credit its sender's uncovered step too).
+ *
+ * Usage: credit_share gather|all_to_all|allreduce CHUNKS [arrive|tail|empty] (CHUNKS: each sender's piece to rank 0) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +30,39 @@
 #include "transport_memory.h"
 #include "wire.h"
 
-#define WORLD 8
+#define MAX_WORLD 32
+#define EMPTY_WORLD 20
+#define EMPTY_COUNT 17
 #define CHUNK_BYTES 64                /* 16 float32 a chunk */
 #define MAX_BLOCK_CHUNKS 1024
 #define WINDOW_CHUNKS 192
 #define SESSION 0x5566778899aabbccull
+
+/* The chunks of rank 0's open receive steps, not yet seen, that their senders hold credit for. */
+static uint64_t outstanding_credit(const struct udt_comm *comm)
+{
+    const struct call *c = &comm->call;
+    uint64_t outstanding = 0;
+    for (uint32_t g = c->data.recv_step; g < c->schedule.steps; g++) {
+        int32_t p = c->step[g].recv_peer;
+        if (p == UDT_NO_PEER || c->state[g].closed)
+            continue;
+        uint32_t from = g * c->geometry.max_chunks + c->state[g].seen_end, room = c->state[g].expected - c->state[g].seen_end;
+        uint32_t granted = comm->peers[p].in_call.granted;
+        uint32_t held = granted > from ? granted - from : 0;
+        outstanding += held < room ? held : room;
+    }
+    return outstanding;
+}
+
+static int finish(struct udt_comm *comm, struct udt_transport **peers, uint32_t world, struct udt_memory_network *net)
+{
+    udt_comm_destroy(comm);
+    for (uint32_t r = 1; r < world; r++)
+        udt_transport_destroy(peers[r]);
+    udt_memory_network_destroy(net);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -42,20 +77,24 @@ int main(int argc, char **argv)
                                                           : -1;
     if (collective < 0)
         return 2;
-    struct udt_memory_network *net = udt_memory_network_create(WORLD, UDT_WIRE_HEADER_BYTES + CHUNK_BYTES);
-    struct udt_transport *peers[WORLD] = {0};
-    for (uint32_t r = 1; r < WORLD; r++)
+    int empty = argc == 4 && strcmp(argv[3], "empty") == 0;
+    if (empty && collective != UDT_ALLREDUCE)
+        return 2;
+    uint32_t world = empty ? EMPTY_WORLD : 8;
+    struct udt_memory_network *net = udt_memory_network_create(world, UDT_WIRE_HEADER_BYTES + CHUNK_BYTES);
+    struct udt_transport *peers[MAX_WORLD] = {0};
+    for (uint32_t r = 1; r < world; r++)
         peers[r] = udt_memory_open(net, r);
-    struct udt_engine_options options = {.chunk_bytes = CHUNK_BYTES, .window_bytes = WINDOW_CHUNKS * CHUNK_BYTES,
+    struct udt_engine_options options = {.chunk_bytes = CHUNK_BYTES, .window_bytes = (empty ? 16 : WINDOW_CHUNKS) * CHUNK_BYTES,
                                          .end_repeats = 2, .credit_refresh_us = 2000, .reorder_grace_us = 200,
                                          .idle_close_us = 20000, .agree_resend_us = 1000, .join_timeout_ms = 1000};
     struct udt_error error;
-    struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, WORLD, SESSION, &options, &error);
+    struct udt_comm *comm = udt_comm_create(udt_memory_open(net, 0), 0, world, SESSION, &options, &error);
     if (!comm)
         return 3;
-    static float input[WORLD * MAX_BLOCK_CHUNKS * 16], output[WORLD * MAX_BLOCK_CHUNKS * 16];
+    static float input[MAX_WORLD * MAX_BLOCK_CHUNKS * 16], output[MAX_WORLD * MAX_BLOCK_CHUNKS * 16];
     struct udt_collective_args args = {.collective = collective, .algorithm = UDT_ALGORITHM_DIRECT, .input = input,
-                                       .output = output, .count = WORLD * block_chunks * 16, .dtype = UDT_FLOAT32, .op = UDT_OP_SUM,
+                                       .output = output, .count = empty ? EMPTY_COUNT : world * block_chunks * 16, .dtype = UDT_FLOAT32, .op = UDT_OP_SUM,
                                        .estimator = UDT_ESTIMATOR_UNBIASED, .root = 0, .loss_budget = 1.0,
                                        .deadline_s = 1.0};
     struct udt_collective_stats stats;
@@ -63,8 +102,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", udt_comm_error(comm)->message);
         return 3;
     }
-    uint32_t max_chunks = (uint32_t)comm->call.geometry.max_chunks, first_covered[WORLD] = {0};
-    for (uint32_t r = 1; r < WORLD; r++) {
+    uint32_t max_chunks = (uint32_t)comm->call.geometry.max_chunks, first_covered[MAX_WORLD] = {0};
+    if (empty) {
+        printf("outstanding %llu window %u\n", (unsigned long long)outstanding_credit(comm), comm->call.data.window_chunks);
+        return finish(comm, peers, world, net);
+    }
+    for (uint32_t r = 1; r < world; r++) {
         uint32_t covered = 0; /* the largest credit's chunks past the start of the step it falls in */
         struct udt_recv_item items[16];
         int got;
@@ -121,23 +164,9 @@ int main(int argc, char **argv)
         if (tail)
             printf("sent %u of %u\n", credited < c->state[g1].expected ? credited : c->state[g1].expected,
                    c->state[g1].expected);
-        uint64_t outstanding = 0;
-        for (uint32_t g = c->data.recv_step; g < c->schedule.steps; g++) {
-            int32_t p = c->step[g].recv_peer;
-            if (p == UDT_NO_PEER || c->state[g].closed)
-                continue;
-            uint32_t from = g * c->geometry.max_chunks + c->state[g].seen_end, room = c->state[g].expected - c->state[g].seen_end;
-            uint32_t granted = comm->peers[p].in_call.granted;
-            uint32_t held = granted > from ? granted - from : 0;
-            outstanding += held < room ? held : room;
-        }
         if (!tail)
-            printf("outstanding %llu window %u step_closed %d\n", (unsigned long long)outstanding, c->data.window_chunks,
-                   (int)c->state[g1].closed);
+            printf("outstanding %llu window %u step_closed %d\n", (unsigned long long)outstanding_credit(comm),
+                   c->data.window_chunks, (int)c->state[g1].closed);
     }
-    udt_comm_destroy(comm);
-    for (uint32_t r = 1; r < WORLD; r++)
-        udt_transport_destroy(peers[r]);
-    udt_memory_network_destroy(net);
-    return 0;
+    return finish(comm, peers, world, net);
 }
