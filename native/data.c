@@ -187,10 +187,11 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
     for (int i = 0; i < touched_count; i++) {
         struct peer_state *peer = &comm->peers[touched[i]];
         uint32_t grant = peer->wanted > peer->in_call.granted ? peer->wanted : peer->in_call.granted;
-        /* a credit that reaches the end of a step goes out at once: no more of that step would ever
-         * grow it by half a share, and its sender would wait for the refresh */
-        int grew = grant >= peer->in_call.granted + share / CREDIT_GROWTH_DIVISOR ||
-                   (grant > peer->in_call.granted && (peer->in_call.granted == 0 || (grant == peer->wanted && peer->wanted_ends_step)));
+        /* a first credit, and one that reaches the end of a step, go out at once: no more of that
+         * step would ever grow it by half a share, and its sender would wait for the refresh */
+        uint32_t granted = peer->in_call.granted;
+        int grew = grant > granted && (granted == 0 || grant - granted >= share / CREDIT_GROWTH_DIVISOR ||
+                                       (grant == peer->wanted && peer->wanted_ends_step));
         if (!force && !grew && now - peer->in_call.granted_at_ns < refresh)
             continue;
         struct udt_control credit = udt_control_of(c, UDT_KIND_CREDIT);

@@ -2,10 +2,11 @@
 (native/data.c, sender_share): when a call starts, every sender of an open step gets an even share
 at once, and together they are never credited more than the window. In a long one (more than
 SHARED_WINDOWS windows still to come) the earliest step takes the whole window, a stream in full
-send batches. Rank 0 of a world of 8 (20 for the empty steps) starts a gather, an all_to_all and a direct allreduce over the
-in-memory transport (tests/native/credit_share.c, the engine as built); its peers' endpoints read
-the credits it sent. Before the share, the earliest steps always took the whole window (64 chunks
-each to three senders) and the other four senders got no credit until those pieces had come."""
+send batches. Rank 0 of a world of 8 (20 for the empty steps) starts a gather, an all_to_all and a
+direct allreduce over the in-memory transport (tests/native/credit_share.c, the engine as built);
+its peers' endpoints read the credits it sent. Before the share, the earliest steps always took
+the whole window (64 chunks each to three senders) and the other four senders got no credit until
+those pieces had come."""
 import shutil
 import subprocess
 from pathlib import Path
