@@ -249,7 +249,7 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
                     uint64_t count, int dtype, int op, int estimator, uint32_t root, uint32_t agree_value,
                     double loss_budget, double deadline_s, uintptr_t chunk_mask, uint64_t chunk_mask_bytes,
                     uint32_t copies, uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0,
-                    uint32_t reduce_in_rank_order=0):
+                    uint32_t reduce_in_rank_order=0, uintptr_t piece_counts=0):
     args.collective = collective
     args.algorithm = algorithm
     args.input = <const void *>input
@@ -269,6 +269,7 @@ cdef void fill_args(udt_collective_args *args, int collective, int algorithm, ui
     args.layout_salt = layout_salt
     args.write_on_budget_miss = write_on_budget_miss
     args.reduce_in_rank_order = reduce_in_rank_order
+    args.piece_counts = <const uint64_t *>piece_counts
 
 
 cdef int run_signal_handlers(void *arg) noexcept nogil:
@@ -363,7 +364,7 @@ cdef class Engine:
             uint64_t count=0, int dtype=0, int op=0, int estimator=0, uint32_t root=0, uint32_t agree_value=0,
             double loss_budget=0.0, uintptr_t chunk_mask=0, uint64_t chunk_mask_bytes=0, uint32_t copies=1,
             uint32_t direct_output=0, uint32_t layout_salt=0, uint32_t write_on_budget_miss=0,
-            uint32_t reduce_in_rank_order=0, bint signals=False):
+            uint32_t reduce_in_rank_order=0, uintptr_t piece_counts=0, bint signals=False):
         """Run one collective, its arguments named (struct udt_collective_args). Returns (status, stats dict, NativeError or None when
         status is STATUS_OK). The output (and the chunk mask, if given: see
         chunk_mask_bytes) holds the result only when status is STATUS_OK; otherwise it
@@ -372,6 +373,9 @@ cdef class Engine:
         layout_salt: folded into the layout every rank must share (engine.h).
         reduce_in_rank_order: an allreduce's owners sum each element in rank order, in double
         precision, rounding once (engine.h; float32 or float64, direct, loss budget 0).
+        piece_counts: an all_to_all's pieces, each of its own size: the address of 2 * world_size
+        uint64 element counts, sent to each rank then taken from each (engine.h), kept alive
+        by the caller through the call.
         signals: the caller is the main thread, where Python runs signal handlers: a call that
         waits runs them every UDT_WAIT_HOOK_INTERVAL_MS, and one that raises (KeyboardInterrupt)
         ends the call, its output as it was, and is raised here."""
@@ -382,7 +386,7 @@ cdef class Engine:
         cdef int status
         fill_args(&args, collective, algorithm, input, output, count, dtype, op, estimator, root, agree_value, loss_budget,
                   deadline_s, chunk_mask, chunk_mask_bytes, copies, direct_output, layout_salt, write_on_budget_miss,
-                  reduce_in_rank_order)
+                  reduce_in_rank_order, piece_counts)
         if signals:
             udt_comm_set_wait_hook(self.comm, run_signal_handlers, <void *>self)
         else:

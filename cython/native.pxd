@@ -232,6 +232,7 @@ cdef extern from "engine.h" nogil:
         uint32_t layout_salt
         uint32_t write_on_budget_miss
         uint32_t reduce_in_rank_order
+        const uint64_t *piece_counts
 
     int udt_budget_missed(double reduce_fraction, double gather_fraction, double loss_budget)
 

@@ -44,7 +44,8 @@ static int fail(struct udt_comm *comm, int status, const char *message)
 
 static uint32_t layout_tag_of(const struct udt_collective_args *a, uint32_t chunk_bytes)
 {
-    uint64_t fields[8] = {(uint64_t)a->collective, (uint64_t)a->algorithm, a->count, (uint64_t)a->dtype,
+    /* a sized all_to_all's count is this rank's own: its pieces are checked in the verdict (pieces.c) */
+    uint64_t fields[8] = {(uint64_t)a->collective, (uint64_t)a->algorithm, a->piece_counts ? ~0ull : a->count, (uint64_t)a->dtype,
                           (uint64_t)a->op, chunk_bytes, (uint64_t)a->estimator, a->root};
     uint32_t hash = 2166136261u; /* FNV-1a */
     const uint8_t *bytes = (const uint8_t *)fields;
@@ -79,19 +80,25 @@ static int prepare(struct udt_comm *comm, struct call *c)
     c->geometry.chunk_elements = comm->options.chunk_bytes / c->geometry.wire_bytes; /* at least 1 (refusal) */
     c->geometry.chunk_base = comm->geometry;
     c->geometry.block_first = comm->geometry + n + 1;
+    c->geometry.send_first = a->piece_counts ? comm->geometry + 2 * (n + 1) : c->geometry.block_first;
     uint64_t max_chunks = 0;
-    c->geometry.chunk_base[0] = 0;
-    for (uint32_t b = 0; b <= n; b++)
-        c->geometry.block_first[b] = udt_block_start(a->count, n, b);
-    for (uint32_t b = 0; b < n; b++) {
-        uint64_t chunks = udt_chunks_for(udt_block_length(a->count, n, b), c->geometry.chunk_elements);
-        c->geometry.chunk_base[b + 1] = c->geometry.chunk_base[b] + chunks;
-        if (chunks > max_chunks)
-            max_chunks = chunks;
-    }
     uint32_t rotation = c->schedule.facts->rotates ? c->sequence % n : 0;
     uint32_t steps = udt_schedule_steps(a->collective, a->algorithm, n);
-    c->geometry.max_chunks = (uint32_t)max_chunks;
+    if (a->piece_counts) {
+        max_chunks = udt_pieces_geometry(c);
+        c->geometry.max_chunks = udt_pieces_stride(steps);
+    } else {
+        c->geometry.chunk_base[0] = 0;
+        for (uint32_t b = 0; b <= n; b++)
+            c->geometry.block_first[b] = udt_block_start(a->count, n, b);
+        for (uint32_t b = 0; b < n; b++) {
+            uint64_t chunks = udt_chunks_for(udt_block_length(a->count, n, b), c->geometry.chunk_elements);
+            c->geometry.chunk_base[b + 1] = c->geometry.chunk_base[b] + chunks;
+            if (chunks > max_chunks)
+                max_chunks = chunks;
+        }
+        c->geometry.max_chunks = (uint32_t)max_chunks;
+    }
     uint64_t total_chunks = c->geometry.chunk_base[n];
 
     c->geometry.bitmap_bytes = (max_chunks + 7) / 8;
@@ -190,14 +197,17 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
         return "copies: more than UDT_MAX_COPIES";
     /* reduce_scatter's output and all_gather's input are this rank's shard, which may be empty */
     uint64_t shard = udt_block_length(a->count, comm->world_size, comm->rank);
-    uint64_t input_count = facts->input_is_shard ? shard : a->count;
+    uint64_t input_count = facts->input_is_shard ? shard : a->piece_counts ? udt_pieces_input_count(a, comm->world_size) : a->count;
     uint64_t output_count = facts->output_is_shard ? shard : a->count;
     if (facts->moves_data && input_count && !a->input)
         return "input: missing";
     if (facts->moves_data && output_count && !a->output)
         return "output: missing";
+    const char *why = a->piece_counts ? udt_pieces_refusal(comm, a) : NULL;
+    if (why)
+        return why;
     /* equal blocks, so that what rank r sends rank q is as long as q's block for it */
-    if (facts->equal_blocks && a->count % comm->world_size)
+    if (facts->equal_blocks && !a->piece_counts && a->count % comm->world_size)
         return "count: must divide by the world size";
     if (facts->sends_input && a->direct_output) {
         /* written as it arrives, the output must not be the input later steps still send from */
@@ -225,7 +235,7 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
         if (a->loss_budget != 0.0 || a->write_on_budget_miss)
             return "reduce_in_rank_order: a loss budget of 0, without write_on_budget_miss (a partial sum has no rank order)";
     }
-    if (a->chunk_mask) {
+    if (a->chunk_mask && !a->piece_counts) {
         uint64_t want = udt_chunk_mask_bytes(a->collective, a->algorithm, a->count, a->dtype, comm->rank, comm->world_size,
                                              comm->options.chunk_bytes);
         if (!want)
@@ -286,7 +296,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         return rc;
     for (uint32_t g = 0; g < c->schedule.steps; g++)
         if (c->step[g].send_peer != UDT_NO_PEER)
-            comm->peers[c->step[g].send_peer].in_call.credit_ceiling = g * c->geometry.max_chunks + chunks_in_block(c, c->step[g].send_block);
+            comm->peers[c->step[g].send_peer].in_call.credit_ceiling = g * c->geometry.max_chunks + send_chunks(c, c->step[g].send_block);
     for (uint32_t p = 0; p < c->n; p++) {
         struct peer_state *peer = &comm->peers[p];
         if (!peer->early_credit_valid || peer->early_credit_sequence != c->sequence)
@@ -296,6 +306,8 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
             peer->in_call.credit_limit = peer->early_credit;
         else
             stats->dropped_invalid++; /* checked now that the call's schedule is known */
+        if (peer->early_credit_layout == c->layout_tag && peer->early_credit > peer->in_call.credit_ceiling && c->args.piece_counts)
+            c->live.mismatched_rank = (int32_t)p; /* it expects a larger piece (data.c, admit_credit) */
     }
     c->phase = PHASE_DATA;
     if (c->n == 1) {
@@ -310,7 +322,7 @@ int udt_call_start(struct udt_comm *comm, const struct udt_collective_args *args
         udt_set_deadlines(c, now, c->args.deadline_s);
     }
     c->live.join_request_due_ns = now + udt_join_request_interval(comm, 0);
-    if (c->args.count == 0) /* no data to move; the verdict round still checks everyone called alike */
+    if (c->args.count == 0 && !c->args.piece_counts) /* no data to move; the verdict round still checks everyone called alike */
         c->data.recv_step = c->data.send_step = c->schedule.steps;
     udt_set_step_deadline(c, now);
     rc = udt_grant_credits(c, now, 1);

@@ -38,7 +38,7 @@ struct udt_comm *udt_comm_create(struct udt_transport *transport, uint32_t rank,
     if (comm) {
         comm->staging = malloc((size_t)SEND_BATCH * options->chunk_bytes);
         comm->peers = calloc(world_size, sizeof *comm->peers);
-        comm->geometry = calloc(2 * ((size_t)world_size + 1), sizeof *comm->geometry);
+        comm->geometry = calloc(3 * ((size_t)world_size + 1), sizeof *comm->geometry); /* chunk_base, block_first, send_first */
         comm->block_scratch = calloc(world_size, sizeof *comm->block_scratch);
     }
     if (!comm || !comm->staging || !comm->peers || !comm->geometry || !comm->block_scratch) {

@@ -18,7 +18,7 @@
 #define CREDIT_COPIES 2
 
 /* One past the last position step g sends: each of its chunks `copies` times. */
-static uint32_t passes_end(const struct call *c, uint32_t g) { return chunks_in_block(c, c->step[g].send_block) * c->data.copies; }
+static uint32_t passes_end(const struct call *c, uint32_t g) { return send_chunks(c, c->step[g].send_block) * c->data.copies; }
 
 static uint32_t arrivals_per_regrant(const struct call *c) { return c->data.window_chunks / 4 ? c->data.window_chunks / 4 : 1; }
 
@@ -215,7 +215,7 @@ int udt_grant_credits(struct call *c, uint64_t now, int force)
 static uint32_t count_to_send(const struct call *c, const struct udt_step *step)
 {
     uint64_t base = c->geometry.chunk_base[step->send_block];
-    uint32_t count = chunks_in_block(c, step->send_block), sending = 0;
+    uint32_t count = send_chunks(c, step->send_block), sending = 0;
     if (c->schedule.facts->sends_input)
         return count;
     for (uint32_t k = 0; k < count; k++)
@@ -258,7 +258,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
     const struct udt_step *step = &c->step[g];
     struct step_state *state = &c->state[g];
     struct peer_state *peer = &comm->peers[step->send_peer];
-    uint32_t block = step->send_block, chunk_count = chunks_in_block(c, block);
+    uint32_t block = step->send_block, chunk_count = send_chunks(c, block);
     uint64_t base = c->geometry.chunk_base[block];
     int identity = c->geometry.accum_bytes == c->geometry.wire_bytes;
     if (!state->send_counted) {
@@ -282,7 +282,7 @@ static int fill_from_step(struct call *c, uint32_t g, struct send_batch *b)
             continue; /* gather: we never got this chunk; the receiver keeps its own */
         struct udt_wire_header h;
         udt_fill_header(c, &h, UDT_KIND_DATA, g);
-        uint64_t elements = chunk_length(c, block, chunk), first = chunk_first_element(c, block, chunk);
+        uint64_t elements = send_chunk_length(c, block, chunk), first = send_first_element(c, block, chunk);
         h.chunk_index = chunk;
         h.contributions = contributions;
         h.credit = state->send_announced;
@@ -378,7 +378,7 @@ int udt_send_some(struct call *c)
 /* Step g still has chunks to hand out once (its later copies aside). */
 static int first_pass_pending(const struct call *c, uint32_t g)
 {
-    return !c->state[g].send_done && c->state[g].sent_chunk < chunks_in_block(c, c->step[g].send_block);
+    return !c->state[g].send_done && c->state[g].sent_chunk < send_chunks(c, c->step[g].send_block);
 }
 
 /* Data for a block whose earlier send step has only copies left to send: the
@@ -411,6 +411,12 @@ static enum admission admit_data(const struct call *c, const struct udt_wire_hea
     if (h->kind == UDT_KIND_END)
         return c->state[h->step].closed ? DROP_QUIET : ADMIT;
     uint32_t block = step->recv_block;
+    /* a sized all_to_all's sender that announces another count, or a last chunk of another
+     * length, has another size for this piece: the call fails (its verdict's checksum, pieces.c),
+     * and the data phase need not wait for the rest */
+    if (c->args.piece_counts && (h->credit != chunks_in_block(c, block) || (h->chunk_index + 1 == h->credit &&
+                                 h->payload_bytes != chunk_length(c, block, h->chunk_index) * c->geometry.wire_bytes)))
+        return DROP_MISMATCH;
     if (h->chunk_index >= chunks_in_block(c, block))
         return DROP_INVALID;
     uint64_t elements = chunk_length(c, block, h->chunk_index);
@@ -502,8 +508,10 @@ static enum admission admit_credit(const struct call *c, const struct udt_comm *
         return ADMIT;
     if (h->sequence != c->sequence)
         return DROP_QUIET; /* a refresh of an earlier call's credit */
-    if (h->layout_tag != c->layout_tag || h->credit > comm->peers[peer].in_call.credit_ceiling)
+    if (h->layout_tag != c->layout_tag)
         return DROP_INVALID;
+    if (h->credit > comm->peers[peer].in_call.credit_ceiling) /* sized: the receiver expects a larger piece */
+        return c->args.piece_counts ? DROP_MISMATCH : DROP_INVALID;
     return ADMIT;
 }
 
@@ -515,6 +523,10 @@ void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_
         break;
     case DROP_INVALID:
         c->stats->dropped_invalid++;
+        return;
+    case DROP_MISMATCH:
+        c->stats->dropped_invalid++;
+        c->live.mismatched_rank = (int32_t)peer; /* the data phase ends; the verdict says why */
         return;
     default:
         return;

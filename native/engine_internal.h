@@ -1,5 +1,6 @@
 /* State shared by the engine's rooms. Not part of the public interface. Each room owns one
  * concern, and depends only on the rooms listed before it here (no circle):
+ *   pieces.c    an all_to_all whose pieces each have their own size: geometry, share, checksum
  *   control.c   the headers and the one sender of control datagrams
  *   output.c    the caller's buffers: originals saved and put back, rescaling, write-out
  *   liveness.c  who is in the call, deadlines, JOIN, closing receive steps, closed ports
@@ -173,9 +174,10 @@ struct call_verdict {
 struct call_geometry {
     size_t wire_bytes, accum_bytes;
     uint64_t chunk_elements;
-    uint32_t max_chunks;         /* in any block: positions are step * max_chunks + chunk */
+    uint32_t max_chunks;         /* at least any block's chunks, the same on every rank: positions are step * max_chunks + chunk */
     uint64_t *chunk_base;        /* n + 1: first chunk id of each block */
     uint64_t *block_first;       /* n + 1: first element of each block (and the end) */
+    uint64_t *send_first;        /* n + 1: of the input's blocks, which a sized all_to_all cuts apart (else block_first) */
     size_t bitmap_bytes;         /* per step */
 };
 
@@ -249,7 +251,7 @@ struct udt_comm {
     size_t chunk_state_bytes;
     uint8_t *step_memory;
     size_t step_memory_bytes;
-    uint64_t *geometry;      /* chunk_base and block_first */
+    uint64_t *geometry;      /* chunk_base, block_first and send_first */
     uint32_t *block_scratch; /* for the schedule builder */
     uint8_t *rank_rows;      /* the contributions a reduction in rank order keeps apart */
     size_t rank_rows_bytes;
@@ -298,6 +300,24 @@ static inline uint64_t chunk_length(const struct call *c, uint32_t block, uint32
     return end - first < c->geometry.chunk_elements ? end - first : c->geometry.chunk_elements;
 }
 
+/* The same of what this rank sends from `block` (a sized all_to_all's piece for that rank). */
+static inline uint32_t send_chunks(const struct call *c, uint32_t block)
+{
+    uint64_t length = c->geometry.send_first[block + 1] - c->geometry.send_first[block];
+    return (uint32_t)((length + c->geometry.chunk_elements - 1) / c->geometry.chunk_elements);
+}
+
+static inline uint64_t send_first_element(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    return c->geometry.send_first[block] + (uint64_t)chunk * c->geometry.chunk_elements;
+}
+
+static inline uint64_t send_chunk_length(const struct call *c, uint32_t block, uint32_t chunk)
+{
+    uint64_t first = send_first_element(c, block, chunk), end = c->geometry.send_first[block + 1];
+    return end - first < c->geometry.chunk_elements ? end - first : c->geometry.chunk_elements;
+}
+
 /* reduce_in_rank_order: where peer p's contribution to element `offset` of our block is kept
  * (rows of the largest block, one per peer: ours is the input itself). */
 static inline uint8_t *udt_rank_row(const struct call *c, uint32_t p, uint64_t offset)
@@ -313,6 +333,14 @@ static inline const uint8_t *input_at(const struct call *c, uint64_t element)
     return (const uint8_t *)c->args.input + offset * c->geometry.wire_bytes;
 }
 
+/* What the verdict's fresh_elements count in: elements of the tensor, or where ranks' outputs
+ * differ in size (a sized all_to_all) a share of UDT_PIECES_SHARE_ONE. */
+#define UDT_PIECES_SHARE_ONE (1ull << 62)
+static inline uint64_t udt_fresh_scale(const struct call *c)
+{
+    return c->args.piece_counts ? UDT_PIECES_SHARE_ONE : c->args.count;
+}
+
 /* What becomes of a datagram that arrives (data.c, liveness.c) */
 enum admission {
     ADMIT = 0,
@@ -324,6 +352,13 @@ enum admission {
     DROP_MISMATCH,
     DROP_QUIET, /* not counted: an old credit, an extra END copy */
 };
+
+/* pieces.c */
+const char *udt_pieces_refusal(const struct udt_comm *comm, const struct udt_collective_args *a);
+uint64_t udt_pieces_input_count(const struct udt_collective_args *a, uint32_t world_size);
+uint32_t udt_pieces_stride(uint32_t steps);
+uint64_t udt_pieces_geometry(struct call *c);
+uint64_t udt_pieces_checksum(const struct call *c);
 
 /* control.c */
 /* A control datagram: a header of its kind and, for a verdict, its payload. */

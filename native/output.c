@@ -106,11 +106,13 @@ void udt_finalize_owned_block(struct call *c)
 /* Fresh elements of this rank's result, scaled to the tensor's count where the result is part
  * of it (a scatter's block, a gather off its root), so that one number means the same share on
  * every rank and the verdict's least over ranks is the least share; rounded down, so a result
- * that lacks anything never reads as whole. */
+ * that lacks anything never reads as whole. (A sized all_to_all's outputs differ: a share of
+ * udt_fresh_scale.) */
 uint64_t udt_fresh_elements(const struct call *c)
 {
+    uint64_t scale = udt_fresh_scale(c);
     if (!c->schedule.facts->gathers)
-        return c->args.count;
+        return scale;
     uint64_t fresh = 0, wanted = 0;
     for (uint32_t block = 0; block < c->n; block++) {
         if (!wants_block(c, block))
@@ -124,16 +126,20 @@ uint64_t udt_fresh_elements(const struct call *c)
             if (c->chunks.final_count[c->geometry.chunk_base[block] + chunk])
                 fresh += chunk_length(c, block, chunk);
     }
-    if (wanted == c->args.count)
+    if (wanted == scale)
         return fresh;
     if (wanted == 0) /* an empty block: nothing to lack */
-        return c->args.count;
-    unsigned __int128 missing = (unsigned __int128)(wanted - fresh) * c->args.count;
-    return c->args.count - (uint64_t)((missing + wanted - 1) / wanted);
+        return scale;
+    unsigned __int128 missing = (unsigned __int128)(wanted - fresh) * scale;
+    return scale - (uint64_t)((missing + wanted - 1) / wanted);
 }
 
+/* In the verdict: contributions x elements of our shard; a sized all_to_all, which sums
+ * nothing, carries its checksum of the pieces' sizes there instead (pieces.c). */
 uint64_t udt_reduce_weighted(const struct call *c)
 {
+    if (c->args.piece_counts)
+        return udt_pieces_checksum(c);
     if (!c->schedule.facts->reduces)
         return 0;
     uint32_t block = c->schedule.owned_block;
@@ -257,6 +263,13 @@ static void write_allreduce(struct call *c)
     flush_run(c, &run);
 }
 
+/* The input that holds output element `element` of `block` (where a sized all_to_all's own
+ * piece sits in the input is not where it goes in the output). */
+static const uint8_t *held_input(const struct call *c, uint32_t block, uint64_t element)
+{
+    return input_at(c, element - c->geometry.block_first[block] + c->geometry.send_first[block]);
+}
+
 /* Gathered outputs: fresh chunks take the new value, stale ones keep theirs. */
 static void write_gathered(struct call *c)
 {
@@ -269,8 +282,8 @@ static void write_gathered(struct call *c)
             uint64_t first = chunk_first_element(c, block, chunk), elements = chunk_length(c, block, chunk);
             uint8_t *target = out + first * c->geometry.wire_bytes;
             int in_scratch = (c->chunks.chunk_flags[id] & SCRATCH_VALID) && !own_input;
-            if (own_input || (!in_scratch && c->chunks.final_count[id] && input_at(c, first) != target))
-                write_chunk(c, &run, WRITE_MOVE, 1.0, target, input_at(c, first), elements);
+            if (own_input || (!in_scratch && c->chunks.final_count[id] && held_input(c, block, first) != target))
+                write_chunk(c, &run, WRITE_MOVE, 1.0, target, held_input(c, block, first), elements);
             else if (in_scratch && c->chunks.final_count[id] && !c->output.direct_output) /* direct: it is there already */
                 write_chunk(c, &run, WRITE_STORE, 1.0, target, c->output.accum + first * c->geometry.accum_bytes, elements);
             else

@@ -95,14 +95,14 @@ static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 }
 
 /* What one rank that called with our layout can report of this call: at most every contribution
- * to the longest block, at most every element fresh, a budget in [0, 1]. (A rank with another
- * layout is named by the layout check; its counts are of another call shape.) */
+ * to the longest block (a sized all_to_all's checksum: anything), at most every element fresh, a
+ * budget in [0, 1]. (A rank with another layout is named by the layout check.) */
 static int verdict_plausible(const struct call *c, const uint8_t *payload)
 {
     struct udt_verdict v;
     udt_verdict_decode(payload, &v);
     uint64_t longest_block = (c->args.count + c->n - 1) / c->n;
-    return v.reduce_weighted <= (uint64_t)c->n * longest_block && v.fresh_elements <= c->args.count &&
+    return (c->args.piece_counts || v.reduce_weighted <= (uint64_t)c->n * longest_block) && v.fresh_elements <= udt_fresh_scale(c) &&
            v.loss_budget >= 0.0 && v.loss_budget <= 1.0;
 }
 
@@ -289,7 +289,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         return;
     }
     if (h->sequence == c->sequence && h->layout_tag == c->layout_tag && !verdict_plausible(c, payload)) {
-        c->stats->dropped_invalid++; /* counts no rank of this call can report (the next call's: checked when it starts) */
+        c->stats->dropped_invalid++;
         return;
     }
     if (relayed) {
@@ -440,8 +440,11 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     }
     uint32_t mismatch = layout_cause(c, comm);
     combined.cause = udt_cause_max(combined.cause, mismatch);
+    int pieces_disagree = c->args.piece_counts && combined.reduce_weighted != 0 && mismatch == CAUSE_NONE; /* pieces.c */
+    if (pieces_disagree && combined.cause == CAUSE_NONE)
+        combined.cause = CAUSE_WORD(CAUSE_LAYOUT, 0); /* no one rank to blame: the same word everywhere */
     struct udt_collective_stats *st = c->stats;
-    double count = (double)c->args.count;
+    double count = (double)udt_fresh_scale(c);
     int reduces = c->schedule.facts->reduces, gathers = c->schedule.facts->gathers;
     struct udt_verdict mine;
     udt_verdict_decode(c->verdict.my_verdict, &mine);
@@ -476,8 +479,11 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
                      comm->options.join_timeout_ms * 1e-3);
         c->verdict.status = UDT_ERR_PEER_TIMEOUT;
     } else if (severity == CAUSE_LAYOUT) {
-        c->live.mismatched_rank = (int32_t)blamed;
-        udt_error_check(&comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
+        c->live.mismatched_rank = pieces_disagree ? -1 : (int32_t)blamed;
+        if (pieces_disagree)
+            udt_error_check(&comm->error, "the ranks' pieces disagree: what some rank sends another is not what that rank takes");
+        else
+            udt_error_check(&comm->error, "rank %u called another collective, element count, dtype, op or root", blamed);
         c->verdict.status = UDT_ERR_LAYOUT_MISMATCH;
     } else if (severity != CAUSE_NONE) {
         udt_error_check(&comm->error, "rank %u failed with a transport error", blamed);

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SECONDS_TO_RUN=${FUZZ_SECONDS:-120}
 WORK=${FUZZ_WORK:-$(mktemp -d)}
 CC=${FUZZ_CC:-clang}
-SOURCES=(native/control.c native/output.c native/liveness.c native/data.c native/recent_loss.c native/verdict.c native/call.c native/comm.c
+SOURCES=(native/pieces.c native/control.c native/output.c native/liveness.c native/data.c native/recent_loss.c native/verdict.c native/call.c native/comm.c
          native/schedule.c native/elementwise.c native/transport_memory.c)
 mkdir -p "$WORK/corpus" "$WORK/seeds" "$WORK/wide_corpus" "$WORK/wide_seeds"
 "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Inative \

@@ -209,3 +209,47 @@ def small_exchanges(comm, nbytes, calls):
         stats = exact.all_to_all(comm, tensor, output)
         outcome.append((bool(torch.equal(output, want)), len(stats), stats[0].payload_bytes_sent))
     return outcome
+
+
+def piece_sizes(sender, receiver, world, call=0):
+    """What `sender` sends `receiver` in call `call` of the sized tests: from 0 to 2 * world + 2
+    elements, drawn from a seed every rank shares, so each rank knows its sends and its takes."""
+    sizes = np.random.default_rng(1000 + call).integers(0, 2 * world + 3, size=(world, world))
+    return int(sizes[sender, receiver])
+
+
+def pieces_of(rank, world, scale, call=0):
+    """(sends, takes) of `rank`: every size times `scale` (0 keeps them all empty but one pair)."""
+    sends = [piece_sizes(rank, q, world, call) * scale for q in range(world)]
+    takes = [piece_sizes(p, rank, world, call) * scale for p in range(world)]
+    takes[rank] = sends[rank]
+    return sends, takes
+
+
+def sized_input(rank, world, sends, dtype, call=0):
+    return np.concatenate([piece_values(rank, q, sends[q], dtype, call) for q in range(world)] +
+                          [np.zeros(0, dtype=dtype)])
+
+
+def sized_exchange(comm, scale, dtype, calls=1, skew=None, loss_budget=0.0):
+    """all_to_all_pieces, `calls` calls: per call (output, mask, stats, input unchanged), or the
+    error's type name and message. `skew`: (sender, receiver) whose receiver takes one element
+    more than its sender sends (a disagreement)."""
+    rows = []
+    for call in range(calls):
+        sends, takes = pieces_of(comm.rank, comm.world_size, scale, call)
+        sends[comm.rank] = takes[comm.rank]  # own piece from the takes' draw
+        if skew is not None and comm.rank == skew[1]:
+            takes[skew[0]] += 1
+        tensor = sized_input(comm.rank, comm.world_size, sends, dtype, call)
+        before = tensor.copy()
+        output = np.full(sum(takes), -1, dtype=dtype)
+        mask = comm.chunk_mask("all_to_all", output, takes=takes)
+        try:
+            stats = comm.all_to_all_pieces(tensor, output, sends, takes, loss_budget=loss_budget, deadline=10.0,
+                                           chunk_mask=mask)
+        except Exception as error:  # the same on every rank, the test checks
+            rows.append((type(error).__name__, str(error).split(": ", 1)[-1], output.copy()))
+            continue
+        rows.append((output.copy(), mask.copy(), stats, np.array_equal(tensor, before)))
+    return rows

@@ -194,3 +194,38 @@ def test_an_agree_value_out_of_range_is_refused_in_step():
     call ends in LayoutMismatch naming rank 0 at once, rather than waiting for it."""
     assert get_cluster(2, chunk_bytes=CHUNK_BYTES).run(tasks.agree_value_refused_on_one_rank) == ["ValueError",
                                                                                                  "LayoutMismatch"]
+
+
+# all_to_all_pieces: every pair's piece of its own size (0 to 2 world + 2 elements, times
+# `scale`), from nothing but each rank's own sizes. CHUNK_BYTES 24: a float32 piece of 7 elements
+# is two chunks, the second short.
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("scale", [1, 9])
+def test_pieces_of_their_own_sizes_arrive_whole(world, scale):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    per_rank = cluster.run(tasks.sized_exchange, scale, "float32", 3)
+    for call in range(3):
+        for rank in range(world):
+            output, mask, stats, input_kept = per_rank[rank][call]
+            _, takes = tasks.pieces_of(rank, world, scale, call)
+            want = np.concatenate([tasks.piece_values(sender, rank, takes[sender], "float32", call)
+                                   for sender in range(world)] + [np.zeros(0, np.float32)])
+            np.testing.assert_array_equal(output, want, err_msg=f"rank {rank} call {call}")
+            assert input_kept and mask.all() and stats.gather_fraction == 1.0
+            # each piece crossed once, unpadded: the chunks of what this rank takes from the others
+            assert stats.datagrams_received == sum(-(-takes[p] * 4 // CHUNK_BYTES) for p in range(world) if p != rank)
+
+
+@pytest.mark.parametrize("world, skew", [(2, (0, 1)), (3, (2, 0)), (5, (1, 3))])
+def test_pieces_whose_sizes_disagree_fail_alike_on_every_rank(world, skew):
+    """Rank skew[1] takes one element more from skew[0] than skew[0] sends: no rank can see that
+    alone, and every rank raises the same LayoutMismatch, its output untouched."""
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES)
+    per_rank = cluster.run(tasks.sized_exchange, 3, "float32", 1, skew)
+    for rank, [(kind, message, output)] in enumerate(per_rank):
+        assert kind == "LayoutMismatch", (rank, kind, message)
+        assert "pieces disagree" in message
+        assert (output == -1).all()
+    # and the next call, whose sizes agree, goes through
+    for rank, [(output, mask, stats, _)] in enumerate(cluster.run(tasks.sized_exchange, 3, "float32", 1)):
+        assert mask.all() and stats.gather_fraction == 1.0

@@ -16,7 +16,7 @@ import pytest
 from conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ["control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm", "schedule", "elementwise",
+ENGINE = ["pieces", "control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm", "schedule", "elementwise",
           "transport_memory"]
 WINDOW = 192  # chunks, as the harness sets it
 SHARED_WINDOWS = 4  # native/data.c

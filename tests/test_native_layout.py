@@ -7,7 +7,7 @@ import re
 
 NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native"
 # in dependency order, as native/engine_internal.h lists them
-ROOMS = ["control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm"]
+ROOMS = ["pieces", "control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm"]
 MAX_LINES = 720
 
 

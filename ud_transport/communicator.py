@@ -380,7 +380,7 @@ class Communicator:
             stops.append(np.minimum(first + step, stop))
         return np.concatenate(starts), np.concatenate(stops)
 
-    def chunk_mask(self, collective, tensor, *, algorithm=None):
+    def chunk_mask(self, collective, tensor, *, algorithm=None, takes=None):
         """A zeroed mask for the `chunk_mask` argument of one call, of the shape that call fills.
 
         Parameters
@@ -391,6 +391,9 @@ class Communicator:
             gather's output, broadcast's and scatter's tensor).
         algorithm : {"ring", "direct", "auto"}, optional
             The call's algorithm (None: the default, as the call resolves it).
+        takes : sequence of int, optional
+            An ``all_to_all_pieces`` call's: the elements `tensor` (its output) takes from each
+            rank; the mask has one entry per chunk of each piece, in rank order.
 
         Returns
         -------
@@ -415,6 +418,11 @@ class Communicator:
                  "scatter": _native.COLLECTIVE_SCATTER, "gather": _native.COLLECTIVE_GATHER}
         if collective not in codes:
             raise ValueError(f"chunk masks are offered for {sorted(codes)}, not {collective!r}")
+        if takes is not None:
+            if collective != "all_to_all":
+                raise ValueError("takes: only an all_to_all has pieces of their own sizes")
+            step = self.chunk_elements(tensor.dtype)
+            return np.zeros(sum(-(-int(taken) // step) for taken in takes), dtype=np.uint8)
         view = view_of(tensor if not staging.on_device(tensor) else tensor.new_empty(0, device="cpu"))
         count = tensor.numel() if staging.on_device(tensor) else view.count  # its size alone: nothing is staged
         algorithm_name = algorithms.resolve(algorithm or self.options.algorithm, self.world_size)
@@ -736,6 +744,69 @@ class Communicator:
                          direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss,
                          agree_value=agree_value)
 
+    @_documented
+    @staging.stages(reads=("tensor",), writes=("output",))
+    def all_to_all_pieces(self, tensor, output, sends, takes, *, loss_budget=None, deadline=None, chunk_mask=None,
+                          copies=None, direct_output=False, layout_salt=0, on_miss="raise", agree_value=0):
+        """all_to_all with pieces of their own sizes, as a mixture of experts routes its tokens:
+        the first ``sends[0]`` elements of `tensor` go to rank 0, the next ``sends[1]`` to rank 1
+        and so on, and `output` takes ``takes[p]`` elements from each rank p, in rank order.
+
+        Every rank passes only its own sizes, and nothing is exchanged to learn the others': the
+        call's verdict carries a checksum of them, so that where what one rank sends another is
+        not what that rank takes, the call fails with LayoutMismatch on every rank. No piece is
+        padded, and each travels once. Lossy as ``all_to_all``.
+
+        Parameters
+        ----------
+        tensor : numpy.ndarray or torch.Tensor
+            What this rank sends, ``sum(sends)`` elements; only read.
+        output : numpy.ndarray or torch.Tensor
+            ``sum(takes)`` elements of `tensor`'s dtype, apart from `tensor` (or `tensor` itself).
+        sends, takes : sequence of int
+            world_size element counts each; ``sends[rank]`` must equal ``takes[rank]`` (this
+            rank's own piece, copied from `tensor`).
+        chunk_mask : numpy.ndarray of uint8, optional
+            From ``chunk_mask("all_to_all", output, takes=takes)``: on success, 1 for every chunk
+            of `output` that is fresh (rank p's piece's chunks after rank p - 1's).
+        direct_output, layout_salt, agree_value
+            As for ``all_to_all``.
+        {call_parameters}
+
+        {call_raises}
+
+        Examples
+        --------
+        >>> comm.all_to_all_pieces(tokens, received, [3, 0, 5, 2], [3, 4, 1, 0], loss_budget=0.0)  # doctest: +SKIP
+        """
+        source, target = view_of(tensor), view_of(output)
+        if target.dtype_code != source.dtype_code:
+            raise TypeError(f"output has dtype {target.dtype_name}, the tensor {source.dtype_name}")
+        pieces = self._pieces(sends, takes, source.count, target.count)
+        agree_value = agree_number(agree_value)
+        if direct_output and memory_meets(source.address, source.nbytes, target.address, target.nbytes):
+            raise ValueError("all_to_all_pieces with direct_output needs an output apart from the tensor it sends")
+        return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, target.count, loss_budget=loss_budget,
+                         deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
+                         direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss,
+                         agree_value=agree_value, pieces=pieces)
+
+    def _pieces(self, sends, takes, sent, taken):
+        """The engine's piece_counts: `sends` then `takes`, checked against the tensors' sizes."""
+        import numpy as np
+
+        counts = [list(sends), list(takes)]
+        for name, values, total in (("sends", counts[0], sent), ("takes", counts[1], taken)):
+            if len(values) != self.world_size or any(type(v) is bool or int(v) != v or v < 0 for v in values):
+                raise ValueError(f"{name} must be {self.world_size} counts of elements, not {values}")
+            if sum(int(v) for v in values) != total:
+                raise ValueError(f"{name} sum to {sum(int(v) for v in values)} elements; the "
+                                 f"{'tensor' if name == 'sends' else 'output'} has {total}")
+        if int(counts[0][self.rank]) != int(counts[1][self.rank]):
+            raise ValueError(f"rank {self.rank} sends itself {counts[0][self.rank]} elements but takes "
+                             f"{counts[1][self.rank]} from itself")
+        return np.array([int(v) for v in counts[0] + counts[1]], dtype=np.uint64)
+
     def _check_all_to_all_count(self, count):
         if count % self.world_size:
             raise ValueError(f"all_to_all moves {self.world_size} equal blocks: {count} elements do not divide by "
@@ -777,7 +848,7 @@ class Communicator:
                           deadline=deadline if deadline is not None else self.options.deadline_cap_s)
         return type(value)(stats.agreed_value) if isinstance(value, bool) else stats.agreed_value
 
-    def _mask_buffer(self, chunk_mask, collective, algorithm_name, count, dtype_code):
+    def _mask_buffer(self, chunk_mask, collective, algorithm_name, count, dtype_code, pieces=None):
         """(address, bytes) of a caller's chunk mask checked against what the call fills; (0, 0) for none."""
         if chunk_mask is None:
             return 0, 0
@@ -786,8 +857,12 @@ class Communicator:
         if not isinstance(chunk_mask, np.ndarray) or chunk_mask.dtype != np.uint8 or not chunk_mask.flags.c_contiguous \
                 or not chunk_mask.flags.writeable:
             raise TypeError("chunk_mask must be a writable, contiguous numpy uint8 array (see Communicator.chunk_mask)")
-        want = _native.chunk_mask_bytes(collective, algorithms.CODES[algorithm_name], count, dtype_code, self.rank,
-                                        self.world_size, self.chunk_bytes)
+        if pieces is not None:
+            step = self.chunk_bytes // _native.wire_element_bytes(dtype_code)
+            want = int(sum(-(-int(taken) // step) for taken in pieces[self.world_size:]))
+        else:
+            want = _native.chunk_mask_bytes(collective, algorithms.CODES[algorithm_name], count, dtype_code, self.rank,
+                                            self.world_size, self.chunk_bytes)
         if want == 0 and count:
             raise ValueError(f"no chunk mask for this call (none for a {algorithm_name} schedule here: use "
                              "algorithm='direct')")
@@ -823,15 +898,15 @@ class Communicator:
 
     def _run(self, collective, source, target, count, *, op="sum", loss_budget=None, deadline=None, estimator=None,
              algorithm=None, root=0, agree_value=0, chunk_mask=None, copies=None, direct_output=False, layout_salt=0,
-             on_miss="raise", reduce_in_rank_order=False):
+             on_miss="raise", reduce_in_rank_order=False, pieces=None):
         resolved = self._resolve_call(op=op, loss_budget=loss_budget, estimator=estimator, algorithm=algorithm, root=root,
                                       agree_value=agree_value, copies=copies, direct_output=direct_output,
                                       layout_salt=layout_salt, on_miss=on_miss, reduce_in_rank_order=reduce_in_rank_order)
         deadline_s = _seconds(deadline)
         mask_address, mask_bytes = self._mask_buffer(chunk_mask, collective, resolved["algorithm_name"], count,
-                                                     target.dtype_code if target else 0)
+                                                     target.dtype_code if target else 0, pieces)
         return self._run_resolved(collective, source, target, count, deadline_s=deadline_s, mask_address=mask_address,
-                                  mask_bytes=mask_bytes, **resolved)
+                                  mask_bytes=mask_bytes, pieces=pieces, **resolved)
 
     def _resolve_call(self, *, op="sum", loss_budget=None, estimator=None, algorithm=None, root=0, agree_value=0,
                       copies=None, direct_output=False, layout_salt=0, on_miss="raise", reduce_in_rank_order=False):
@@ -851,7 +926,7 @@ class Communicator:
 
     def _run_resolved(self, collective, source, target, count, *, algorithm_name, op_value, estimator_value, root,
                       agree_value, budget, deadline_s, mask_address, mask_bytes, copies, direct_output, layout_salt,
-                      on_miss, reduce_in_rank_order):
+                      on_miss, reduce_in_rank_order, pieces=None):
         """_run once its arguments are checked and resolved to the engine's (a caller that made the
         same call before may keep them: ud_transport.exact's messages): the call, its stats, and
         its status as the exception _run documents. `deadline_s`: None for the estimator's."""
@@ -861,7 +936,7 @@ class Communicator:
             if deadline_s is None:
                 deadline_s = self._deadlines.deadline_s(nbytes)
             # stripes agree no value: only collectives that never stripe (agree, all_to_all) take one
-            stripes = (None if direct_output or layout_salt or reduce_in_rank_order
+            stripes = (None if direct_output or layout_salt or reduce_in_rank_order or pieces is not None
                        else self._stripes_for(collective, nbytes, mask_address))
             signals = threading.current_thread() is threading.main_thread()  # Ctrl-C ends a call that waits
             self._calling = threading.get_ident()  # close() from a signal's handler in this call waits for its end
@@ -880,7 +955,8 @@ class Communicator:
                         agree_value=agree_value, loss_budget=budget, deadline_s=deadline_s, chunk_mask=mask_address,
                         chunk_mask_bytes=mask_bytes, copies=copies, direct_output=bool(direct_output),
                         layout_salt=int(layout_salt) & 0xFFFFFFFF, write_on_budget_miss=on_miss == "return",
-                        reduce_in_rank_order=bool(reduce_in_rank_order), signals=signals)
+                        reduce_in_rank_order=bool(reduce_in_rank_order),
+                        piece_counts=pieces.ctypes.data if pieces is not None else 0, signals=signals)
             finally:
                 self._calling = None
                 if self._close_after_call:
