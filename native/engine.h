@@ -99,7 +99,8 @@ struct udt_collective_args {
     uint32_t reduce_in_rank_order;
     /* all_to_all only (NULL: world_size equal blocks): 2 * world_size element counts, what this
      * rank sends each rank ([0, n): the input's pieces, back to back) and what it takes from each
-     * ([n, 2n): the output's, count their sum). Each rank knows only its own; the verdict carries
+     * ([n, 2n): the output's, count their sum; its own piece is copied from the input, and one
+     * of two sizes is a disagreement). Each rank knows only its own; the verdict carries
      * a checksum of every rank's (pieces.c), so that where what one rank sends another is not
      * what that rank expects, every rank fails with UDT_ERR_LAYOUT_MISMATCH. */
     const uint64_t *piece_counts;

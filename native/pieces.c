@@ -48,8 +48,6 @@ const char *udt_pieces_refusal(const struct udt_comm *comm, const struct udt_col
     }
     if (taken != a->count)
         return "piece_counts: the pieces taken must sum to count";
-    if (a->piece_counts[comm->rank] != a->piece_counts[n + comm->rank])
-        return "piece_counts: what a rank sends itself is what it takes from itself";
     if (comm->options.window_bytes >= WINDOW_ROOM)
         return "window_bytes: 256 MiB or more, too large for an all_to_all with piece_counts";
     if (a->chunk_mask && a->chunk_mask_bytes != chunks)
@@ -85,14 +83,13 @@ static uint64_t piece_term(uint32_t sender, uint32_t receiver, uint64_t elements
     return x ^ (x >> 31);
 }
 
-/* This rank's share of the checksum: what it sends the others less what it takes from them
- * (its own piece, checked at refusal, is neither). The sum over ranks, wrapping, is 0 when
- * every pair agrees. */
+/* This rank's share of the checksum: what it sends each rank less what it takes from each (its
+ * own piece too: where the two differ, the call fails before the output is written). The sum
+ * over ranks, wrapping, is 0 when every pair agrees. */
 uint64_t udt_pieces_checksum(const struct call *c)
 {
     uint64_t sum = 0;
     for (uint32_t q = 0; q < c->n; q++)
-        if (q != c->rank)
-            sum += piece_term(c->rank, q, c->args.piece_counts[q]) - piece_term(q, c->rank, c->args.piece_counts[c->n + q]);
+        sum += piece_term(c->rank, q, c->args.piece_counts[q]) - piece_term(q, c->rank, c->args.piece_counts[c->n + q]);
     return sum;
 }

@@ -253,3 +253,33 @@ def sized_exchange(comm, scale, dtype, calls=1, skew=None, loss_budget=0.0):
             continue
         rows.append((output.copy(), mask.copy(), stats, np.array_equal(tensor, before)))
     return rows
+
+
+def exact_sized_exchanges(comm, scale, calls, row_bytes=4):
+    """ud_transport.pieces.all_to_all of rows of `row_bytes` bytes (the pieces of sized_exchange,
+    as rows): per call (what the output holds, the engine calls it took, the input unchanged)."""
+    from ud_transport import pieces
+
+    rows_out = []
+    for call in range(calls):
+        sends, takes = pieces_of(comm.rank, comm.world_size, scale, call)
+        sends[comm.rank] = takes[comm.rank]
+        payload = [np.random.default_rng([comm.rank, q, call]).integers(0, 256, size=sends[q] * row_bytes, dtype=np.uint8)
+                   for q in range(comm.world_size)]
+        source = torch.from_numpy(np.concatenate(payload + [np.zeros(0, np.uint8)]))
+        before = source.clone()
+        output = torch.full((sum(takes) * row_bytes,), 7, dtype=torch.uint8)
+        stats = pieces.all_to_all(comm, source, output, sends, takes, row_bytes, deadline=20.0)
+        rows_out.append((output.numpy().copy(), len(stats), torch.equal(source, before)))
+    return rows_out
+
+
+def expected_sized_output(rank, world, scale, call, row_bytes):
+    """What exact_sized_exchanges' output holds at `rank`: each sender's bytes for it, in rank order."""
+    parts = []
+    for p in range(world):
+        sends, _ = pieces_of(p, world, scale, call)
+        _, takes_p = pieces_of(p, world, scale, call)
+        sends[p] = takes_p[p]
+        parts.append(np.random.default_rng([p, rank, call]).integers(0, 256, size=sends[rank] * row_bytes, dtype=np.uint8))
+    return np.concatenate(parts + [np.zeros(0, np.uint8)])

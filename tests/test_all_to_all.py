@@ -229,3 +229,22 @@ def test_pieces_whose_sizes_disagree_fail_alike_on_every_rank(world, skew):
     # and the next call, whose sizes agree, goes through
     for rank, [(output, mask, stats, _)] in enumerate(cluster.run(tasks.sized_exchange, 3, "float32", 1)):
         assert mask.all() and stats.gather_fraction == 1.0
+
+
+# Under loss: small exchanges are repeated whole (in three copies) until held, larger ones (64
+# chunks or more on some rank) repaired in two exact calls (each rank's bitmap of what it lacks
+# from each sender, then those chunks). Rows of 4, 6 and 3 bytes: whole words, pieces padded to
+# the next word, a word per row.
+@pytest.mark.parametrize("world, scale, loss, row_bytes", [
+    (3, 2, 0.2, 4), (3, 40, 0.1, 4), (4, 40, 0.3, 6), (3, 30, 0.1, 3), (2, 0, 0.2, 4)])
+def test_pieces_of_their_own_sizes_are_exact_under_loss(world, scale, loss, row_bytes):
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES, inject=ud_transport.Bernoulli(loss, seed=5))
+    per_rank = cluster.run(tasks.exact_sized_exchanges, scale, 4, row_bytes)
+    repeated = 0
+    for rank in range(world):
+        for call, (output, engine_calls, input_kept) in enumerate(per_rank[rank]):
+            np.testing.assert_array_equal(output, tasks.expected_sized_output(rank, world, scale, call, row_bytes),
+                                          err_msg=f"rank {rank} call {call}")
+            assert input_kept
+            repeated += engine_calls > 1
+    assert repeated or scale == 0, "the loss must have cost some call a repeat or a repair"

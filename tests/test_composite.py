@@ -1,9 +1,10 @@
 """ud_transport/torch/composite.py's checks of all-to-all splits, without a cluster: what one rank
-can refuse alone, and the exchanged table every rank judges alike (test_torch_integration runs
-the collectives themselves against Gloo's)."""
+can refuse alone, and how pieces of rows become the words the engine checks across ranks
+(test_torch_integration runs the collectives themselves against Gloo's)."""
 import pytest
 
 torch = pytest.importorskip("torch")
+from ud_transport import pieces  # noqa: E402
 from ud_transport.torch import composite  # noqa: E402
 
 
@@ -30,16 +31,13 @@ def test_dtypes_must_match():
         composite.plan_all_to_all(torch.empty(4), torch.zeros(4, dtype=torch.int64), [], [], 2)
 
 
-def test_the_table_pairs_each_send_with_its_receive():
-    # rows: rank's sends to 0, 1 | receives from 0, 1 | elements per row | bytes per element
-    agreeing = torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 4, 4]])
-    composite._check_table(agreeing, 2)
-    with pytest.raises(ValueError, match="rank 1 sends 2 rows to rank 0, which expects 1"):
-        composite._check_table(torch.tensor([[1, 3, 1, 1, 4, 4], [2, 0, 3, 0, 4, 4]]), 2)
-    with pytest.raises(ValueError, match=r"rows differ in size \(\[4, 2\] elements\)"):
-        composite._check_table(torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 2, 4]]), 2)
-    with pytest.raises(ValueError, match=r"elements differ in size \(\[4, 8\] bytes\)"):
-        composite._check_table(torch.tensor([[1, 3, 1, 2, 4, 4], [2, 0, 3, 0, 4, 8]]), 2)
+@pytest.mark.parametrize("row_bytes", [1, 2, 3, 4, 5, 6, 7, 8, 12, 14, 4096, 4098])
+def test_two_row_counts_never_travel_as_one_word_count(row_bytes):
+    """A piece travels in 32-bit words and the engine checks the ranks' word counts: a sender's and
+    its receiver's row counts that differ must give word counts that differ, or the disagreement
+    would pass unseen (ud_transport.pieces.words_per_piece)."""
+    words = [pieces.words_per_piece(rows * row_bytes, row_bytes) for rows in range(300)]
+    assert len(set(words)) == len(words) and all(4 * w >= rows * row_bytes for rows, w in enumerate(words))
 
 
 def test_scatter_pieces_match_the_output():

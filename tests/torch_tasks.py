@@ -683,7 +683,7 @@ def c10d_edges(comm, tag):
                 "all_gather_into_tensor, an output of 7 for 2 x 3": lambda: dist.all_gather_into_tensor(
                     torch.empty(7), torch.zeros(3), group=group),
                 "all_gather, one output for 2 ranks": lambda: dist.all_gather([torch.empty(3)], torch.zeros(3), group=group),
-                # found only in the exchanged split table: every rank raises the same error
+                # found only in the call's verdict (the sizes' checksum): every rank raises the same error
                 "all_to_all_single, splits that disagree": lambda: dist.all_to_all_single(
                     torch.empty(3), torch.zeros(3), output_split_sizes=[1, 2],
                     input_split_sizes=[2, 1] if comm.rank == 0 else [1, 2], group=group),
@@ -1185,10 +1185,9 @@ def replicate_every_mismatch(comm, every_by_rank):
 
 def all_to_all_loop_calls(comm, tag, periods, pattern):
     """all_to_all_single on a "ud" group, `periods` times `pattern` ("E": an even call, 2 rows a
-    piece; "U": an uneven one, 1 or 2; "W": uneven, 4 to 8; "V": uneven, 6 to 10, whose widest
-    piece fits W's widest and a quarter but not W's widest; "X": uneven, up to 9,387 rows of 12
-    bytes, a widest piece under 128 KiB that a quarter more takes past it; "EEEU" is a mixture of
-    experts whose routing comes out even most steps): the engine calls of each."""
+    piece; "U": an uneven one, 1 or 2; "W": uneven, 4 to 8; "V": uneven, 6 to 10; "X": uneven, up
+    to 9,387 rows of 12 bytes, pieces near 128 KiB; "EEEU" is a mixture of experts whose routing
+    comes out even most steps): the engine calls of each."""
     n, r = comm.world_size, comm.rank
     options = udt.BackendOptions(deadline=20.0, communicator={"chunk_bytes": comm.options.chunk_bytes})
     calls = []
@@ -1212,16 +1211,10 @@ def all_to_all_loop_calls(comm, tag, periods, pattern):
 
 
 def all_to_all_calls(comm, tag, inject=None):
-    """all_to_all_single on a "ud" group, in an order that takes every branch of its first call's
-    width (composite.all_to_all): per case, (engine calls it made, what this rank's output holds
-    equals what the senders sent it). A call whose pieces fit the width the last all-even call
-    agreed on is one engine call; the first of a group, one after uneven pieces or wider ones, and
-    one after a LayoutMismatch are two (the split sizes, then the pieces). Before those, an even
-    call after even ones in the same shape is one (the guessed call); a call that is not what was
-    guessed on some rank pays one more (the declined guess), and each decline doubles the even
-    calls in a row the next guess waits for (1, 2, 4, ...)."""
-    from ud_transport.torch import composite
-
+    """all_to_all_single on a "ud" group, even and uneven, narrow and wide, sizes given or not,
+    pieces past 128 KiB, a disagreement on one pair and a refusal on one rank: per case, (engine
+    calls it made, what this rank's output holds equals what the senders sent it), or the error's
+    name and whether the output kept its values."""
     n, r = comm.world_size, comm.rank
     options = udt.BackendOptions(deadline=20.0, communicator={"inject": inject, "chunk_bytes": comm.options.chunk_bytes})
     out = {}
@@ -1250,39 +1243,39 @@ def all_to_all_calls(comm, tag, inject=None):
         call("even, the group's first", even(2))
         call("even again", even(2))
         call("even, sizes given", even(2), output_split_sizes=[2] * n, input_split_sizes=[2] * n)
-        call("uneven, within the width", lambda p, q: 1 + (p + q) % 2,
+        call("uneven", lambda p, q: 1 + (p + q) % 2,
              output_split_sizes=[1 + (p + r) % 2 for p in range(n)], input_split_sizes=[1 + (r + q) % 2 for q in range(n)])
         call("even after uneven", even(2))
         call("even, the same", even(2))
-        call("even, wider", even(5))
-        call("uneven, within the wider width", uneven, output_split_sizes=[uneven(p, r) for p in range(n)],
+        call("even, wider rows", even(5))
+        call("uneven, wider rows", uneven, output_split_sizes=[uneven(p, r) for p in range(n)],
              input_split_sizes=[uneven(r, q) for q in range(n)])
-        call("even, wider again", even(5))
+        call("even, wider rows again", even(5))
 
         def wider(p, q):
             return 4 + (p + 2 * q) % 3  # up to 6 rows of 12 bytes: past the 60 of five
 
-        call("uneven, wider than the width", wider, output_split_sizes=[wider(p, r) for p in range(n)],
+        call("uneven, wider pieces", wider, output_split_sizes=[wider(p, r) for p in range(n)],
              input_split_sizes=[wider(r, q) for q in range(n)])
         call("even, no rows", even(0))
         call("even, one", even(1))
         call("even, one again", even(1))
-        over = composite.SPECULATED_PIECE_MAX_BYTES // 12 + 1  # rows of 12 bytes: a piece past the cap
-        call("even, pieces past the cap", even(over))
-        call("even, pieces past the cap again", even(over))
-        call("even, pieces past the cap a third time", even(over))
-        call("even, pieces past the cap a fourth time", even(over))
-        call("even, pieces past the cap a fifth time", even(over))
+        over = (128 << 10) // 12 + 1  # rows of 12 bytes: a piece past 128 KiB
+        call("even, pieces past 128 KiB", even(over))
+        call("even, pieces past 128 KiB again", even(over))
+        call("even, pieces past 128 KiB a third time", even(over))
+        call("even, pieces past 128 KiB a fourth time", even(over))
+        call("even, pieces past 128 KiB a fifth time", even(over))
         a, b = max(n - 2, 0), n - 1  # one more row from a to b, one fewer from b to a; the rest even
 
         def skewed(p, q):
             return over + (p == a and q == b) - (p == b and q == a)
 
-        call("past the cap, uneven between the last two ranks", skewed,
+        call("past 128 KiB, uneven between the last two ranks", skewed,
              output_split_sizes=[skewed(p, r) for p in range(n)], input_split_sizes=[skewed(r, q) for q in range(n)])
-        call("even past the cap after a declined guess", even(over))
-        call("even past the cap, twice after a declined guess", even(over))
-        call("even past the cap, three times after a declined guess", even(over))
+        call("even past 128 KiB after an uneven call", even(over))
+        call("even past 128 KiB, twice after an uneven call", even(over))
+        call("even past 128 KiB, three times after an uneven call", even(over))
         # refused on rank 0 alone (5 rows for 2 or more ranks, no sizes): the others' call ends in
         # LayoutMismatch; the next even call must pair on every rank (the width is forgotten alike)
         refused = torch.zeros(5 if r == 0 else n, 3)
@@ -1294,4 +1287,17 @@ def all_to_all_calls(comm, tag, inject=None):
         dist.barrier(group=group)  # rank 0's round in the refused call's place is queued: let it end first
         call("even after a refusal", even(1))
         call("even after a refusal, again", even(1))
+
+        # the last rank sends rank 0 a row more than rank 0 takes: each rank's own sizes pass its
+        # checks, only the call can tell
+        sends = [2 + (r == n - 1 and q == 0) for q in range(n)]
+        source = torch.cat([torch.full((rows, 3), 100.0 * r + q) for q, rows in enumerate(sends)])
+        output = torch.full((2 * n, 3), -1.0)
+        try:
+            dist.all_to_all_single(output, source, group=group, output_split_sizes=[2] * n, input_split_sizes=sends)
+            out["the last rank sends rank 0 a row more than it takes"] = "no error"
+        except Exception as error:  # noqa: BLE001
+            out["the last rank sends rank 0 a row more than it takes"] = (
+                type(error).__name__, bool((output == -1.0).all()), str(error))
+        call("even after a disagreement", even(2))
     return out

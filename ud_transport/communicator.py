@@ -764,8 +764,9 @@ class Communicator:
         output : numpy.ndarray or torch.Tensor
             ``sum(takes)`` elements of `tensor`'s dtype, apart from `tensor` (or `tensor` itself).
         sends, takes : sequence of int
-            world_size element counts each; ``sends[rank]`` must equal ``takes[rank]`` (this
-            rank's own piece, copied from `tensor`).
+            world_size element counts each. This rank's own piece is copied from `tensor`;
+            where ``sends[rank]`` and ``takes[rank]`` differ, it disagrees with itself, and the
+            call fails as any disagreement does: alike on every rank.
         chunk_mask : numpy.ndarray of uint8, optional
             From ``chunk_mask("all_to_all", output, takes=takes)``: on success, 1 for every chunk
             of `output` that is fresh (rank p's piece's chunks after rank p - 1's).
@@ -802,9 +803,6 @@ class Communicator:
             if sum(int(v) for v in values) != total:
                 raise ValueError(f"{name} sum to {sum(int(v) for v in values)} elements; the "
                                  f"{'tensor' if name == 'sends' else 'output'} has {total}")
-        if int(counts[0][self.rank]) != int(counts[1][self.rank]):
-            raise ValueError(f"rank {self.rank} sends itself {counts[0][self.rank]} elements but takes "
-                             f"{counts[1][self.rank]} from itself")
         return np.array([int(v) for v in counts[0] + counts[1]], dtype=np.uint64)
 
     def _check_all_to_all_count(self, count):

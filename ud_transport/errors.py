@@ -121,7 +121,9 @@ class LayoutMismatch(RankError):
     Attributes
     ----------
     rank : int
-        A rank whose layout differs (``stats.mismatched_rank``), the same on every rank.
+        A rank whose layout differs (``stats.mismatched_rank``), the same on every rank; -1
+        where an all_to_all_pieces call's ranks disagree on the sizes of their pieces (no one
+        rank to blame).
     stats : CollectiveStats or None
         The failed call's stats.
 

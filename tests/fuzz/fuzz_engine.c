@@ -5,7 +5,8 @@
  * out-of-bounds access or undefined behaviour; the harness also checks that
  * a call always ends.
  *
- * Input: byte 0 picks the collective (bit 7: all_to_all) and algorithm; then records of
+ * Input: byte 0 picks the collective (bit 7: all_to_all; with bit 6, one of pieces of their own
+ * sizes, PIECES) and algorithm; then records of
  * [flags][peer][length: 2 bytes LE][datagram]. Flag bit 0 overwrites magic,
  * version, session, sequence, source rank and layout tag with the call's own,
  * so the fuzzer reaches the checks behind them without guessing 20 bytes. Flag bit 2: before
@@ -28,6 +29,9 @@
 #define COUNT 96        /* 32 elements a block */
 #define CHUNK_BYTES 64  /* 16 float32 a chunk: 2 chunks a block */
 #define SESSION 0x1122334455667788ull
+/* bits 7 and 6: rank 0 sends ranks 0, 1, 2 pieces of 20, 17 and 0 float32 and takes 20, 40 and 9
+ * (3 chunks from rank 1, the last short; 1 from rank 2): what make_seeds.py sends it */
+static const uint64_t PIECES[2 * WORLD] = {20, 17, 0, 20, 40, 9};
 #define MAX_DATAGRAM (UDT_WIRE_HEADER_BYTES + 256)
 
 static void drain(struct udt_transport *t)
@@ -66,6 +70,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .collective = data[0] & 0x80 ? UDT_ALL_TO_ALL : data[0] % 4, .algorithm = (data[0] >> 2) & 1, .input = input, .output = output, .count = COUNT,
         .dtype = UDT_FLOAT32, .op = UDT_OP_SUM, .estimator = UDT_ESTIMATOR_UNBIASED, .root = (data[0] >> 3) % WORLD,
         .loss_budget = 1.0, .deadline_s = 0.01};
+    if ((data[0] & 0xC0) == 0xC0) {
+        args.piece_counts = PIECES;
+        args.count = PIECES[3] + PIECES[4] + PIECES[5];
+    }
     /* reduce_scatter writes a shard, all_gather reads one: both fit in COUNT */
     struct udt_collective_stats stats;
     uint64_t now = 1000000000ull;
