@@ -176,7 +176,7 @@ double udt_delivered_fraction(const struct call *c)
         return length ? (double)udt_reduce_weighted(c) / ((double)c->n * (double)length) : 1.0;
     }
     case UDT_OUTPUT_GATHERED:
-        return (double)udt_fresh_elements(c) / (double)c->args.count;
+        return (double)udt_fresh_elements(c) / (double)udt_fresh_scale(c);
     case UDT_OUTPUT_REDUCED:
         break;
     default:

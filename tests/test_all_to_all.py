@@ -211,7 +211,7 @@ def test_pieces_of_their_own_sizes_arrive_whole(world, scale):
             want = np.concatenate([tasks.piece_values(sender, rank, takes[sender], "float32", call)
                                    for sender in range(world)] + [np.zeros(0, np.float32)])
             np.testing.assert_array_equal(output, want, err_msg=f"rank {rank} call {call}")
-            assert input_kept and mask.all() and stats.gather_fraction == 1.0
+            assert input_kept and mask.all() and stats.gather_fraction == stats.delivered_fraction == 1.0
             # each piece crossed once, unpadded: the chunks of what this rank takes from the others
             assert stats.datagrams_received == sum(-(-takes[p] * 4 // CHUNK_BYTES) for p in range(world) if p != rank)
 
@@ -248,3 +248,31 @@ def test_pieces_of_their_own_sizes_are_exact_under_loss(world, scale, loss, row_
             assert input_kept
             repeated += engine_calls > 1
     assert repeated or scale == 0, "the loss must have cost some call a repeat or a repair"
+
+
+def test_lost_chunks_of_pieces_of_their_own_sizes_keep_the_old_value_and_the_mask_names_them():
+    """Lossy (loss budget 1): the mask has one entry per chunk of each piece taken, in rank order
+    (a piece's last chunk short); a chunk that did not arrive keeps the output's old value, the
+    own piece is always there, and the fractions count elements, each rank's of its own output."""
+    world, scale, calls = 3, 9, 6
+    cluster = get_cluster(world, chunk_bytes=CHUNK_BYTES, inject=ud_transport.Bernoulli(0.2, seed=3))
+    per_rank = cluster.run(tasks.sized_exchange, scale, "float32", calls, None, 1.0)
+    step = CHUNK_BYTES // 4
+    stale_seen = 0
+    for rank in range(world):
+        for call, (output, mask, stats, input_kept) in enumerate(per_rank[rank]):
+            _, takes = tasks.pieces_of(rank, world, scale, call)
+            want = np.concatenate([tasks.piece_values(p, rank, takes[p], "float32", call) for p in range(world)])
+            bounds = [(start + first, min(start + first + step, start + takes[p]))
+                      for p, start in enumerate(np.cumsum([0] + takes[:-1])) for first in range(0, takes[p], step)]
+            assert mask.shape == (len(bounds),) and input_kept
+            fresh = np.zeros(len(want), dtype=bool)
+            for arrived, (first, stop) in zip(mask, bounds):
+                np.testing.assert_array_equal(output[first:stop], want[first:stop] if arrived else -1)
+                fresh[first:stop] = bool(arrived)
+            own = slice(sum(takes[:rank]), sum(takes[:rank + 1]))
+            assert fresh[own].all()
+            assert stats.own_gather_fraction == pytest.approx(fresh.mean() if len(want) else 1.0, abs=1e-9)
+            assert stats.gather_fraction <= stats.own_gather_fraction
+            stale_seen += int((mask == 0).sum())
+    assert stale_seen > 0, "20% loss must leave some chunks stale"
