@@ -9,9 +9,39 @@ LayoutMismatch. Pieces travel as 32-bit words; the byte counts of the caller's r
 counts one to one (see _words), so a disagreement in rows is one in words too.
 """
 import contextlib
+import weakref
 
 from .errors import LossBudgetExceeded
-from .exact import DEFAULT_ATTEMPTS, REPAIR_MIN_CHUNKS, SMALL_CALL_COPIES, _borrowed, _salt, _with_copies
+from .exact import (DEFAULT_ATTEMPTS, REPAIR_MIN_CHUNKS, SMALL_CALL_BYTES, SMALL_CALL_COPIES, _borrowed,
+                    _FirstCallCopies, _repair_copies, _salt, _with_copies, state_since_mismatch)
+
+# An exchange is small where no rank takes REPAIR_MIN_CHUNKS chunks or more (agreed in its first
+# call's verdict): a miss is then repeated whole, in SMALL_CALL_COPIES copies, and the next small
+# exchanges' first calls go in those copies too while they keep missing (exact._FirstCallCopies:
+# at 8 ranks on a bridge with 1% loss, a 64 KiB all_to_all took 14 ms where its first call went
+# in one copy, against 7-9 ms with the copies). No rank knows before a call whether it is small,
+# so the last exchange's size stands for it, alike on every rank.
+
+
+class _Exchanges:
+    """What a communicator's exchanges carry from one to the next, read from agreed outcomes."""
+    __slots__ = ("copying", "small", "mismatches")
+
+    def __init__(self, mismatches):
+        self.copying = _FirstCallCopies(mismatches)
+        self.small = True
+        self.mismatches = mismatches
+
+    def first_copies(self):
+        return self.copying.copies(0 if self.small else SMALL_CALL_BYTES + 1)
+
+    def note(self, copies, first):
+        """After a first call in `copies`: its agreed outcome and size."""
+        self.small = first.agreed_value < REPAIR_MIN_CHUNKS
+        self.copying.note(copies, 0 if self.small else SMALL_CALL_BYTES + 1, missed=first.gather_fraction < 1.0)
+
+
+_exchanges = weakref.WeakKeyDictionary()  # communicator -> _Exchanges
 
 
 def words_per_piece(nbytes, row_bytes):
@@ -27,13 +57,15 @@ def words_per_piece(nbytes, row_bytes):
 
 
 def all_to_all(comm, source, output, send_rows, take_rows, row_bytes, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
-               collective="all_to_all pieces"):
+               collective="all_to_all pieces", copies=None):
     """`source` (a contiguous uint8 torch tensor) holds this rank's pieces back to back,
     ``send_rows[q]`` rows of `row_bytes` for rank q; `output` (the same) takes ``take_rows[p]``
     rows from each rank p, in rank order, written only on success. Calls with a chunk mask until
     every rank holds every piece (agreed): the first call's outcome and the most chunks any rank
-    takes (agreed in its verdict) decide alike on every rank whether the repeats go in
-    SMALL_CALL_COPIES copies. `collective`: what the caller's call is, checked across ranks with
+    takes (agreed in its verdict) decide alike on every rank whether what is missing is repaired
+    (_repair) or the exchange repeated whole in SMALL_CALL_COPIES copies (see _Exchanges).
+    `copies`: the first call's, the same on every rank (a repair's own exchanges); None: as the
+    communicator's last exchanges met loss (_Exchanges). `collective`: what the caller's call is, checked across ranks with
     `row_bytes` (LayoutMismatch where they differ). Returns the stats of each call."""
     send_words = [words_per_piece(rows * row_bytes, row_bytes) for rows in send_rows]
     take_words = [words_per_piece(rows * row_bytes, row_bytes) for rows in take_rows]
@@ -50,9 +82,14 @@ def all_to_all(comm, source, output, send_rows, take_rows, row_bytes, *, attempt
                                           direct_output=True, layout_salt=_with_copies(salt, copies),
                                           agree_value=chunks)
 
-        calls = [attempt(1, mask)]
+        exchanges = state_since_mismatch(_exchanges, comm, _Exchanges) if copies is None else None
+        first_copies = exchanges.first_copies() if exchanges else copies
+        calls = [attempt(first_copies, mask)]
+        if exchanges:
+            exchanges.note(first_copies, calls[0])
         if calls[0].gather_fraction < 1.0 and calls[0].agreed_value >= REPAIR_MIN_CHUNKS:  # agreed, both
-            calls += _repair(comm, words, received, mask.astype(bool), send_words, take_words, attempts, deadline)
+            calls += _repair(comm, words, received, mask.astype(bool), send_words, take_words, attempts, deadline,
+                             calls[0])
         elif calls[0].gather_fraction < 1.0:  # a small exchange: repeated whole, keeping what arrived
             held = mask.astype(bool)
             for _ in range(attempts - 1):
@@ -69,12 +106,14 @@ def all_to_all(comm, source, output, send_rows, take_rows, row_bytes, *, attempt
     return calls
 
 
-def _repair(comm, words, received, held, send_words, take_words, attempts, deadline):
+def _repair(comm, words, received, held, send_words, take_words, attempts, deadline, first):
     """Fill the chunks of `received` some rank lacks, in two exact all-to-alls of pieces whose
     sizes both ends know: each rank sends each sender a bitmap of the chunks of its piece that it
     lacks, then each sender sends each rank those chunks (each padded to a whole chunk). Each is
     itself exact (repaired or repeated until held), so one round fills every hole. Returns the
-    stats of their calls."""
+    stats of their calls. The bitmaps go in SMALL_CALL_COPIES from the first call; the chunks in
+    the copies exact._repair_copies finds cheapest for the loss the first call met (`first`: the
+    worst rank's share lacking, and the most chunks a rank takes, agreed)."""
     import numpy as np
     import torch
 
@@ -95,7 +134,7 @@ def _repair(comm, words, received, held, send_words, take_words, attempts, deadl
     asked = torch.empty(sum(-(-count // 32) for count in sent_chunks) * 4, dtype=torch.uint8)
     calls = all_to_all(comm, bitmaps, asked, [-(-count // 32) for count in taken_chunks],
                        [-(-count // 32) for count in sent_chunks], 4, attempts=attempts, deadline=deadline,
-                       collective="all_to_all pieces: lacking")
+                       collective="all_to_all pieces: lacking", copies=SMALL_CALL_COPIES)
     # 2. the chunks each rank lacks, from each sender, whole chunks of `step` words
     bits = np.unpackbits(asked.numpy(), bitorder="little").astype(bool)
     wanted, at = [], 0
@@ -108,10 +147,19 @@ def _repair(comm, words, received, held, send_words, take_words, attempts, deadl
     incoming = torch.empty(sum(len(chunks) for chunks in lacking) * step, dtype=torch.int32)
     calls += all_to_all(comm, outgoing.view(torch.uint8), incoming.view(torch.uint8), [len(w) for w in wanted],
                         [len(chunks) for chunks in lacking], 4 * step, attempts=attempts, deadline=deadline,
-                        collective="all_to_all pieces: repair")
+                        collective="all_to_all pieces: repair", copies=_chunk_copies(comm, first))
     rows, elements = _chunk_elements(lacking, take_words, step)
     received[elements] = incoming.view(-1, step)[rows]
     return calls
+
+
+def _chunk_copies(comm, first):
+    """A repair's copies, alike on every rank: from the first call's agreed loss (the worst rank's
+    share lacking, at most a half) and the most chunks a rank takes, as if every rank lacked as
+    much."""
+    loss = min(0.5, 1.0 - first.gather_fraction)
+    lacking = max(1.0, loss * first.agreed_value * comm.world_size)
+    return _repair_copies(loss, lacking, lacking, first.agreed_value * comm.world_size)
 
 
 def _chunk_elements(chunks, piece_words, step):
