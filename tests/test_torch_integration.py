@@ -649,7 +649,7 @@ def test_an_argument_error_one_rank_sees_ends_the_call_on_every_rank():
                 "reduce_scatter_tensor, one rank's input too long": {0},  # the others' call is lossy, of 2 elements
                 "reduce_scatter_tensor, no input on one rank": {0},  # the refusing rank has nothing to send
                 "all_reduce, BXOR on one rank": {0}, "broadcast, a tensor off the host on one rank": {0}}
-    # found in the exchanged split table: the same ValueError everywhere (a rank with no rows made
+    # found in the call's verdict (the sizes' checksum): the same ValueError everywhere (a rank with no rows made
     # no call at all before, and the others waited)
     everywhere = {"all_to_all_single, one rank's output rows differ", "all_to_all_single, no rows on one rank"}
     for case, refusers in refusing.items():

@@ -803,7 +803,7 @@ def refusals_of_one_rank(comm, tag):
             summed = torch.full((4,), float(r + 1))
             dist.all_reduce(summed, group=group)  # the group goes on: every rank in step
             out["after"].append(summed.tolist())
-        # splits on one rank, even on the others: as Gloo allows (the split tables meet)
+        # splits on one rank, even on the others: as Gloo allows (the pieces are the same sizes)
         received = torch.empty(n)
         dist.all_to_all_single(received, torch.arange(n, dtype=torch.float32) + 10 * r, group=group,
                                **({"input_split_sizes": [1] * n, "output_split_sizes": [1] * n} if r == 0 else {}))

@@ -17,7 +17,8 @@ from .stats import AllreduceStats, CollectiveStats
 from .tensors import Estimator, ReduceOp
 
 __all__ = [
-    "init", "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "agree", "get_default", "close",
+    "init", "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "all_to_all_pieces", "agree",
+    "get_default", "close",
     "Communicator", "CollectiveStats", "AllreduceStats", "Options", "ReduceOp", "Estimator",
     "TransportError", "LossBudgetExceeded", "PeerTimeout", "LayoutMismatch", "Bernoulli", "GilbertElliott",
 ]
@@ -141,6 +142,11 @@ def all_to_all(tensor, output, loss_budget=None, **keywords):
     return get_default().all_to_all(tensor, output, loss_budget=loss_budget, **keywords)
 
 
+def all_to_all_pieces(tensor, output, sends, takes, loss_budget=None, **keywords):
+    """All-to-all of pieces of their own sizes on the default communicator (see Communicator.all_to_all_pieces)."""
+    return get_default().all_to_all_pieces(tensor, output, sends, takes, loss_budget=loss_budget, **keywords)
+
+
 def agree(value, **keywords):
     """The maximum of `value` over all ranks (see Communicator.agree)."""
     return get_default().agree(value, **keywords)
@@ -167,6 +173,6 @@ def _on_the_default(function, method):
                         f"Same as ``ud_transport.get_default().{method.__name__}(...)``:\n\n" + inspect.getdoc(method))
 
 
-for _function in (allreduce, reduce_scatter, all_gather, broadcast, all_to_all, agree):
+for _function in (allreduce, reduce_scatter, all_gather, broadcast, all_to_all, all_to_all_pieces, agree):
     _on_the_default(_function, getattr(Communicator, _function.__name__))
 del _function
