@@ -107,7 +107,7 @@ def steps(comm, config):
             if step >= config["warmup"]:
                 times[name].append(time.perf_counter() - start)
                 losses[name].append(loss)
-    difference = max(float((a - b).abs().max()) for a, b in zip(arms["ud"].parameters, arms["gloo"].parameters))
+    difference = max(float((a - b).detach().abs().max()) for a, b in zip(arms["ud"].parameters, arms["gloo"].parameters))
     routed = {name: layer.routed for name, layer in arms.items()}
     dist.destroy_process_group()
     return dict(times=times, losses=losses, difference=difference, routed=routed)
