@@ -13,8 +13,11 @@ before each); a step's time is its slowest rank's.
     python3 scripts/moe_step_time.py --ranks 8 --hosts veth --mtu 1500 # each rank in a namespace (root)
     python3 scripts/moe_step_time.py --hosts veth --kernel-loss 0.01   # 1% of UDP and TCP packets dropped
 
-Every call of the "ud" arm is exact, so without loss it ends on Gloo's parameters but for the
-gate's all-reduced gradients, which "ud" sums in rank order (another order than Gloo's ring).
+The all_to_alls of the "ud" arm are exact; the gate's gradients go through the backend's
+all_reduce, lossy within its loss budget (0.1 by default). Without loss the arm ends on Gloo's
+parameters but for the order of those sums (rank order against Gloo's ring); under loss the
+gate's gradient is an unbiased estimate, so the arms part a little more, and a token may go to
+another expert.
 """
 import argparse
 import os
