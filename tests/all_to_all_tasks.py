@@ -283,3 +283,26 @@ def expected_sized_output(rank, world, scale, call, row_bytes):
         sends[p] = takes_p[p]
         parts.append(np.random.default_rng([p, rank, call]).integers(0, 256, size=sends[rank] * row_bytes, dtype=np.uint8))
     return np.concatenate(parts + [np.zeros(0, np.uint8)])
+
+
+def sized_refusals(comm):
+    """What all_to_all_pieces refuses on this rank alone: the error's type and message, and
+    whether the output kept its values. A world of one that takes from itself another size than it
+    sends (no verdict round would find it), and an output over the input (its own piece sits
+    elsewhere in each)."""
+    out = {}
+    n = comm.world_size
+    if n == 1:
+        output = np.full(6, -1.0, dtype=np.float32)
+        try:
+            comm.all_to_all_pieces(np.arange(5, dtype=np.float32), output, [5], [6], loss_budget=0.0)
+            out["takes more than it sends"] = "no error"
+        except Exception as error:  # noqa: BLE001
+            out["takes more than it sends"] = (type(error).__name__, str(error), bool((output == -1).all()))
+    tensor = np.arange(2 * n, dtype=np.float32)
+    try:
+        comm.all_to_all_pieces(tensor, tensor, [2] * n, [2] * n, loss_budget=0.0)
+        out["in place"] = "no error"
+    except Exception as error:  # noqa: BLE001
+        out["in place"] = (type(error).__name__, str(error), bool((tensor == np.arange(2 * n)).all()))
+    return out

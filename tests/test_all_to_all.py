@@ -276,3 +276,16 @@ def test_lost_chunks_of_pieces_of_their_own_sizes_keep_the_old_value_and_the_mas
             assert stats.gather_fraction <= stats.own_gather_fraction
             stale_seen += int((mask == 0).sum())
     assert stale_seen > 0, "20% loss must leave some chunks stale"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_pieces_refused_on_one_rank(world):
+    """Refused before anything is sent, the output untouched (a refusal of one rank alone: the
+    test makes it on every rank at once)."""
+    for out in get_cluster(world, chunk_bytes=CHUNK_BYTES).run(tasks.sized_refusals):
+        kind, message, kept = out.pop("in place")
+        assert (kind, kept) == ("ValueError", True) and "overlaps the input" in message, message
+        if world == 1:
+            kind, message, kept = out.pop("takes more than it sends")
+            assert (kind, kept) == ("ValueError", True) and "a world of one" in message, message
+        assert not out

@@ -762,7 +762,8 @@ class Communicator:
         tensor : numpy.ndarray or torch.Tensor
             What this rank sends, ``sum(sends)`` elements; only read.
         output : numpy.ndarray or torch.Tensor
-            ``sum(takes)`` elements of `tensor`'s dtype, apart from `tensor` (or `tensor` itself).
+            ``sum(takes)`` elements of `tensor`'s dtype, apart from `tensor` (a rank's own piece
+            sits elsewhere in each: ValueError where they overlap).
         sends, takes : sequence of int
             world_size element counts each. This rank's own piece is copied from `tensor`;
             where ``sends[rank]`` and ``takes[rank]`` differ, it disagrees with itself, and the

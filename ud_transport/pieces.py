@@ -44,16 +44,16 @@ class _Exchanges:
 _exchanges = weakref.WeakKeyDictionary()  # communicator -> _Exchanges
 
 
-def words_per_piece(nbytes, row_bytes):
-    """The 32-bit words a piece of `nbytes` (whole rows of `row_bytes`) travels as: its bytes in
-    words where rows are whole words; padded to the next word where rows are 4 bytes or more (two
-    row counts then never share a word count); a word per row below 4 bytes (a 1-byte row's
-    counts would share one)."""
-    if row_bytes % 4 == 0:
-        return nbytes // 4
-    if row_bytes > 4 or row_bytes == 0:
-        return -(-nbytes // 4)
-    return nbytes // row_bytes
+def words_per_piece(rows, row_bytes):
+    """The 32-bit words a piece of `rows` rows of `row_bytes` travels as: its bytes in words where
+    rows are whole words; padded to the next word where rows are longer than 4 bytes (two row
+    counts then never share a word count); a word per row below 4 bytes, empty rows too (1-byte
+    rows' counts would share one, and empty rows' all would)."""
+    if row_bytes % 4 == 0 and row_bytes:
+        return rows * row_bytes // 4
+    if row_bytes > 4:
+        return -(-rows * row_bytes // 4)
+    return rows
 
 
 def all_to_all(comm, source, output, send_rows, take_rows, row_bytes, *, attempts=DEFAULT_ATTEMPTS, deadline=None,
@@ -67,8 +67,8 @@ def all_to_all(comm, source, output, send_rows, take_rows, row_bytes, *, attempt
     `copies`: the first call's, the same on every rank (a repair's own exchanges); None: as the
     communicator's last exchanges met loss (_Exchanges). `collective`: what the caller's call is, checked across ranks with
     `row_bytes` (LayoutMismatch where they differ). Returns the stats of each call."""
-    send_words = [words_per_piece(rows * row_bytes, row_bytes) for rows in send_rows]
-    take_words = [words_per_piece(rows * row_bytes, row_bytes) for rows in take_rows]
+    send_words = [words_per_piece(rows, row_bytes) for rows in send_rows]
+    take_words = [words_per_piece(rows, row_bytes) for rows in take_rows]
     salt = _salt(collective, row_bytes)
     with contextlib.ExitStack() as stack:
         words = _packed(stack, comm, source, send_rows, send_words, row_bytes)
@@ -186,12 +186,12 @@ def _packed(stack, comm, source, rows, words, row_bytes):
     import torch
 
     nbytes = source.numel()
-    if row_bytes % 4 == 0 and source.data_ptr() % 4 == 0:
+    if row_bytes % 4 == 0 and row_bytes and source.data_ptr() % 4 == 0:
         return source.view(torch.int32) if nbytes else torch.empty(0, dtype=torch.int32)
     packed = stack.enter_context(_borrowed(comm, sum(words)))
     into = packed.view(torch.uint8)
     into.zero_()  # a kept buffer's bytes are not the peers' to read
-    if row_bytes % 4 == 0 or row_bytes > 4:  # piece by piece: padded to its next word
+    if row_bytes >= 4:  # piece by piece: padded to its next word
         start = 0
         for piece_rows, piece_words, first in zip(rows, words, _starts(words)):
             length = piece_rows * row_bytes
