@@ -209,13 +209,14 @@ static const char *refusal(const struct udt_comm *comm, const struct udt_collect
     /* equal blocks, so that what rank r sends rank q is as long as q's block for it */
     if (facts->equal_blocks && !a->piece_counts && a->count % comm->world_size)
         return "count: must divide by the world size";
-    if (facts->sends_input && a->direct_output) {
-        /* written as it arrives, the output must not be the input later steps still send from */
+    if (facts->sends_input && (a->direct_output || a->piece_counts)) {
+        /* written as it arrives, the output must not be the input later steps still send from;
+         * nor, with pieces of their own sizes, where a rank's own piece sits elsewhere in each */
         uint64_t element_bytes = (uint64_t)udt_wire_elem_bytes(a->dtype);
         uint64_t in_bytes = input_count * element_bytes, out_bytes = output_count * element_bytes;
         const uint8_t *in = a->input, *out = a->output;
         if (in_bytes && out_bytes && in < out + out_bytes && out < in + in_bytes)
-            return "output: overlaps the input (direct_output)";
+            return "output: overlaps the input (direct_output, or an all_to_all with piece_counts)";
     }
     uint64_t chunk_elements = comm->options.chunk_bytes / udt_wire_elem_bytes(a->dtype);
     if (!chunk_elements)

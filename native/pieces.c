@@ -50,11 +50,6 @@ const char *udt_pieces_refusal(const struct udt_comm *comm, const struct udt_col
         return "piece_counts: the pieces taken must sum to count";
     if (n == 1 && a->piece_counts[0] != a->piece_counts[1]) /* no verdict round to find it */
         return "piece_counts: a world of one takes from itself what it sends";
-    /* the output is written block by block, and a rank's own piece sits elsewhere in the input */
-    uint64_t element_bytes = udt_wire_elem_bytes(a->dtype), in_bytes = udt_pieces_input_count(a, n) * element_bytes;
-    const uint8_t *in = a->input, *out = a->output;
-    if (in_bytes && taken && in < out + taken * element_bytes && out < in + in_bytes)
-        return "output: overlaps the input (an all_to_all with piece_counts)";
     if (comm->options.window_bytes >= WINDOW_ROOM)
         return "window_bytes: 256 MiB or more, too large for an all_to_all with piece_counts";
     if (a->chunk_mask && a->chunk_mask_bytes != chunks)

@@ -782,12 +782,10 @@ class Communicator:
         >>> comm.all_to_all_pieces(tokens, received, [3, 0, 5, 2], [3, 4, 1, 0], loss_budget=0.0)  # doctest: +SKIP
         """
         source, target = view_of(tensor), view_of(output)
-        if target.dtype_code != source.dtype_code:
-            raise TypeError(f"output has dtype {target.dtype_name}, the tensor {source.dtype_name}")
+        self._check_pair(source, target, target.count, "output", "tensor")
         pieces = self._pieces(sends, takes, source.count, target.count)
         agree_value = agree_number(agree_value)
-        if direct_output and memory_meets(source.address, source.nbytes, target.address, target.nbytes):
-            raise ValueError("all_to_all_pieces with direct_output needs an output apart from the tensor it sends")
+        # an output over the input is refused by the engine (a rank's own piece sits elsewhere in each)
         return self._run(_native.COLLECTIVE_ALL_TO_ALL, source, target, target.count, loss_budget=loss_budget,
                          deadline=deadline, algorithm="direct", chunk_mask=chunk_mask, copies=copies,
                          direct_output=direct_output, layout_salt=layout_salt, on_miss=on_miss,
