@@ -17,6 +17,7 @@ cdef extern from "simulate.h" nogil:
         uint64_t send_ns_per_datagram
         uint32_t late_rank
         double late_start_s
+        uint64_t delay_ns
 
     struct udt_simulated_call:
         int32_t status
@@ -30,11 +31,13 @@ cdef extern from "simulate.h" nogil:
 def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count, uint32_t chunk_bytes, uint32_t calls, *,
              int estimator=0, double loss_budget=0.1, uint32_t write_on_budget_miss=0, double deadline_s=10.0, double noise=1.0, uint64_t seed=1,
              int loss_kind=0, double loss=0.0, double good_to_bad=0.0, double bad_to_good=0.0, double loss_in_good=0.0,
-             double loss_in_bad=0.0, uint64_t send_ns_per_datagram=0, uint32_t late_rank=0, double late_start_s=0.0):
+             double loss_in_bad=0.0, uint64_t send_ns_per_datagram=0, uint32_t late_rank=0, double late_start_s=0.0,
+             uint64_t delay_ns=0):
     """Run `calls` calls of a collective on `world_size` engines in this
     process. `send_ns_per_datagram` paces every sender (virtual time per data
-    datagram); rank `late_rank` starts each call `late_start_s` after the others.
-    Returns a list (one per call) of lists (one per rank) of
+    datagram); rank `late_rank` starts each call `late_start_s` after the
+    others; every datagram arrives `delay_ns` of virtual time after it was
+    sent. Returns a list (one per call) of lists (one per rank) of
     (status, stats dict, error_sum, error_squares)."""
     cdef udt_simulation sim
     cdef char error[320]
@@ -65,6 +68,7 @@ def simulate(uint32_t world_size, int collective, int algorithm, uint64_t count,
     sim.send_ns_per_datagram = send_ns_per_datagram
     sim.late_rank = late_rank
     sim.late_start_s = late_start_s
+    sim.delay_ns = delay_ns
     cdef udt_simulated_call *out = <udt_simulated_call *>malloc(<size_t>calls * world_size * sizeof(udt_simulated_call))
     if out is NULL:
         raise MemoryError()

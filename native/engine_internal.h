@@ -5,7 +5,7 @@
  *   output.c    the caller's buffers: originals saved and put back, rescaling, write-out
  *   liveness.c  who is in the call, deadlines, JOIN, closing receive steps, closed ports
  *   data.c      credits, sending, admitting data
- *   recent_loss.c  what the network lost lately toward this rank
+ *   recent_loss.c  what the network lost lately toward this rank, and how long rounds waited
  *   verdict.c   the verdict round: one outcome on every rank
  *   call.c      a call's life: refusal, preparing, the progress loop, finishing
  *   comm.c      the communicator
@@ -91,6 +91,7 @@ struct peer_in_call {
     uint64_t verdict_resend_ns;
     uint64_t verdict_sent_ns;   /* when our verdict last went to it (a request; answers are not counted) */
     uint8_t ours_sent;          /* our verdict went to it in some message of this call */
+    uint64_t ours_first_sent_ns; /* when it first did */
     uint8_t acked_once;         /* our acknowledgement went to it only in single copies so far (see decide) */
 };
 
@@ -161,7 +162,10 @@ struct call_verdict {
     uint32_t verdicts_got, verdicts_acked;
     uint64_t verdict_started_ns, decided_ns;
     uint64_t answered_ns;        /* when we last answered a peer's verdict message or acknowledged at deciding */
-    uint32_t verdict_resends;    /* verdict messages sent again for want of an answer */
+    uint32_t verdict_resends;    /* verdict messages sent again before deciding, for want of a peer's */
+    uint8_t wait_unclean;        /* a verdict came as an answer or sent again: this round's wait is no sample */
+    uint8_t ours_missing;        /* a copy of ours found the socket full, or a peer asked again for what we sent it an
+                                  * interval before: it was lost */
     uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
     uint32_t hint_next;          /* where the next search for a verdict we lack starts (lacking_hint) */
     uint64_t closed_asked_ns;    /* when we first asked the open peers for the verdicts of closed ports (0: not yet) */
@@ -242,8 +246,11 @@ struct udt_comm {
     uint32_t last_layout_tag;
     uint32_t last_steps;         /* of that call: a JOIN answered for it says all of them are sent */
     uint8_t last_verdict[UDT_VERDICT_BYTES];
-    /* recent calls' data chunks expected and lost, and the lost ones in runs (recent_loss.c) */
+    /* recent calls' data chunks and verdicts expected and lost, and the lost chunks in runs (recent_loss.c) */
     double recent_chunks_seen, recent_chunks_lost, recent_skipped_runs, recent_skipped_chunks;
+    /* how long clean verdict rounds waited for their last verdict, smoothed, and its spread (recent_loss.c) */
+    double round_wait_ns, round_wait_spread_ns;
+    uint32_t round_samples;
     /* buffers kept between calls so a steady workload allocates nothing */
     uint8_t *scratch;
     size_t scratch_bytes;
@@ -416,9 +423,9 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
                  uint32_t bytes, uint32_t peer, uint64_t now);
 
 /* recent_loss.c */
-double udt_recent_loss(const struct call *c, const struct udt_comm *comm);
-double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm, double loss);
+int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm);
 void udt_remember_loss(const struct call *c, struct udt_comm *comm);
+uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm);
 
 /* verdict.c */
 void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);

@@ -1,8 +1,9 @@
 /* What the network lost lately: the data chunks that recent calls expected at this rank and
  * lost, and how the lost ones came (alone, or in runs of consecutive chunks), kept across calls
  * with a bounded memory, older counts halved. The verdict round reads it to judge whether some
- * peer may lose every copy of a last answer, copies that go out back to back (verdict.c,
- * answers_at_risk). */
+ * peer may lose every copy of a last answer, copies that go out back to back
+ * (udt_answers_at_risk). And how long verdict rounds lately waited for the last peer's verdict, so
+ * that a rank reads a peer's silence as loss only past that (udt_verdict_resend_base_ns). */
 #include <math.h>
 
 #include "engine_internal.h"
@@ -10,6 +11,19 @@
 /* The memory, in data chunks this rank expected: every count halved past twice this many. Long,
  * because a clean network earns its estimate slowly (below); a burst shows in its runs at once. */
 #define LOSS_MEMORY_CHUNKS 65536.0
+/* the longest first verdict resend interval, in agree_resend_us: as long as the backoff's longest */
+#define ROUND_WAIT_MAX_INTERVALS 16.0
+/* where more rounds than this lose one of their verdicts, a resend waits only agree_resend_us */
+#define LOSSY_ROUND_SHARE 0.1
+
+/* A rank that answered last stays a while in case every copy of that answer was lost (verdict.c,
+ * ANSWER_WAIT_INTERVALS). That stay is for loss that may take every copy of a last answer, and only then is it paid: when
+ * the n(n - 1) answers of a call, each with every copy lost at the recent rates (udt_answers_at_risk),
+ * would leave some peer without its answer in more than this share of calls. Under independent
+ * loss, at 8 ranks, that stays at 3% and above and not at 2% or below; under bursts, at 1%
+ * too. Before, any call that lost a chunk or resent a verdict message stayed: at 1% loss a 4-rank
+ * 1 MiB call spent 2.7 ms in its verdict round where 0.7 did (docs/performance/verdict_round.md). */
+#define ANSWER_LOSS_RISK 1e-3
 
 /* A share of chunks lost as the share of datagrams (a chunk is lost only when all `copies` are). */
 static double per_copy(double share, uint32_t copies)
@@ -24,14 +38,18 @@ static double lost_per_copy(const struct call *c)
     return total > 0.0 ? total * per_copy((double)c->stats->chunks_lost / total, c->data.copies) : 0.0;
 }
 
-/* An upper estimate of the share of datagrams lost lately: of the data chunks this rank expected
- * in recent calls and this one, one lost chunk added (a few clean chunks say little; a rank that
- * has seen no data, as in a barrier, counts as lossy), and at least what this call's verdict
- * agreed was missing; per copy. */
-double udt_recent_loss(const struct call *c, const struct udt_comm *comm)
+/* An upper estimate of the share of datagrams lost lately toward this rank: of the data chunks it
+ * expected in recent calls and this one, one lost chunk added (a few clean chunks say little; a
+ * rank that has seen no data, as in a barrier, counts as lossy); per copy. */
+static double loss_seen(const struct call *c, const struct udt_comm *comm)
 {
-    double here = (comm->recent_chunks_lost + lost_per_copy(c) + 1.0) /
-                  (comm->recent_chunks_seen + (double)c->stats->chunks_total + 1.0);
+    return (comm->recent_chunks_lost + lost_per_copy(c) + 1.0) / (comm->recent_chunks_seen + (double)c->stats->chunks_total + 1.0);
+}
+
+/* The same, and at least what this call's verdict agreed was missing (once decided). */
+static double recent_loss(const struct call *c, const struct udt_comm *comm)
+{
+    double here = loss_seen(c, comm);
     /* what the others lost, ours included, as the verdict agreed it: loss on our way out too,
      * though one bad link shows there spread over the world's blocks */
     double agreed = 1.0 - (c->stats->reduce_fraction < c->stats->gather_fraction ? c->stats->reduce_fraction
@@ -44,13 +62,42 @@ double udt_recent_loss(const struct call *c, const struct udt_comm *comm)
  * chunks senders skipped (gaps in a step's chunk indices), the share that followed a skipped one,
  * one such added. Independent loss gives about the loss rate; bursts give much more; no gap seen
  * gives 1 (nothing known), so only the loss rate, earned over clean chunks, bounds the risk. At
- * least `loss` (udt_recent_loss's). */
-double udt_recent_loss_after_loss(const struct call *c, const struct udt_comm *comm, double loss)
+ * least `loss` (recent_loss's). */
+static double recent_loss_after_loss(const struct call *c, const struct udt_comm *comm, double loss)
 {
     double chunks = comm->recent_skipped_chunks + (double)c->data.skipped_chunks;
     double runs = comm->recent_skipped_runs + (double)c->data.skipped_runs;
     double after = (chunks - runs + 1.0) / (chunks + 1.0);
     return after > loss ? after : loss;
+}
+
+/* Whether some rank of the call may have lost every copy of some peer's last answer in more than
+ * ANSWER_LOSS_RISK of calls: the first copy lost at the recent loss rate, each next one (sent
+ * right after) at the recent rate of a loss after a loss. */
+int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm)
+{
+    double every_copy_lost = recent_loss(c, comm);
+    double after_loss = recent_loss_after_loss(c, comm, every_copy_lost);
+    for (uint32_t k = 1; k < comm->options.end_repeats; k++)
+        every_copy_lost *= after_loss;
+    return (double)c->n * (double)(c->n - 1) * every_copy_lost > ANSWER_LOSS_RISK;
+}
+
+/* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
+ * its round trip (RFC 6298: gains 1/8 and 1/4), from rounds that resent nothing before deciding,
+ * since a resent round's wait says how long the resend took, not the peers. */
+static void remember_round(struct udt_comm *comm, uint64_t waited_ns)
+{
+    double sample = (double)waited_ns;
+    if (!comm->round_samples) {
+        comm->round_wait_ns = sample;
+        comm->round_wait_spread_ns = sample / 2.0;
+    } else {
+        double error = sample - comm->round_wait_ns;
+        comm->round_wait_spread_ns += 0.25 * (fabs(error) - comm->round_wait_spread_ns);
+        comm->round_wait_ns += 0.125 * error;
+    }
+    comm->round_samples++;
 }
 
 /* A call that reached its verdict: its data chunks into the recent counts, unless a peer's silence
@@ -61,6 +108,17 @@ void udt_remember_loss(const struct call *c, struct udt_comm *comm)
         return;
     comm->recent_chunks_lost += lost_per_copy(c);
     comm->recent_chunks_seen += (double)c->stats->chunks_total;
+    /* The verdicts are datagrams the network carried too, and a communicator that runs only
+     * barriers has nothing else to judge by: n - 1 of them, one taken as lost where some verdict's
+     * first copy was not the first to come (it came as an answer, sent again, or relayed). A round
+     * whose first copies all came first says how long rounds here wait (remember_round). */
+    if (c->n > 1 && c->verdict.decided && c->verdict.verdicts_got >= c->n - 1) {
+        int clean = !c->verdict.wait_unclean && !c->stats->verdicts_relayed;
+        comm->recent_chunks_seen += (double)(c->n - 1);
+        comm->recent_chunks_lost += !clean;
+        if (clean)
+            remember_round(comm, c->verdict.decided_ns - c->verdict.verdict_started_ns);
+    }
     comm->recent_skipped_runs += (double)c->data.skipped_runs;
     comm->recent_skipped_chunks += (double)c->data.skipped_chunks;
     while (comm->recent_chunks_seen > 2.0 * LOSS_MEMORY_CHUNKS) {
@@ -69,4 +127,22 @@ void udt_remember_loss(const struct call *c, struct udt_comm *comm)
         comm->recent_skipped_runs /= 2.0;
         comm->recent_skipped_chunks /= 2.0;
     }
+}
+
+/* The first wait before a rank sends its verdict again for want of a peer's: agree_resend_us, or
+ * where rounds here usually take longer (ranks outnumber cores, a long path, data finished far
+ * apart), their usual wait and four spreads, as TCP's retransmission timeout, at most
+ * ROUND_WAIT_MAX_INTERVALS times agree_resend_us. A resend before that reads a slow peer as a
+ * lost message: at 16 ranks on 2 cores every round resent, and each resend cost the others a
+ * core. But where a round often loses a verdict (n - 1 of them, at the rate this rank saw lately:
+ * LOSSY_ROUND_SHARE), the early resend pays for itself: in the simulator, 8 ranks 1.5 ms apart at
+ * 10% loss took 15% longer a call waiting the usual round. */
+uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm)
+{
+    double base = (double)comm->options.agree_resend_us * 1000.0;
+    if ((double)(c->n - 1) * loss_seen(c, comm) > LOSSY_ROUND_SHARE)
+        return (uint64_t)base;
+    double usual = comm->round_samples ? comm->round_wait_ns + 4.0 * comm->round_wait_spread_ns : 0.0;
+    double ceiling = ROUND_WAIT_MAX_INTERVALS * base;
+    return (uint64_t)(usual > ceiling ? ceiling : usual > base ? usual : base);
 }

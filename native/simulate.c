@@ -158,12 +158,16 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
                     progressed = 1;
                 }
                 uint64_t wake = UINT64_MAX, cost = sim->send_ns_per_datagram;
+                udt_memory_set_clock(net, now, sim->delay_ns);
                 give_send_allowance(net, &ranks[r], r, cost, now);
                 int64_t given = udt_memory_send_allowance(net, r);
                 int rc = udt_call_progress(ranks[r].comm, now, &wake);
                 uint64_t next_send = charge_sends(net, &ranks[r], r, cost, now, given);
                 if (next_send < wake)
                     wake = next_send;
+                uint64_t arrival = sim->delay_ns ? udt_memory_next_arrival(net, r) : UINT64_MAX; /* a datagram on the way */
+                if (arrival < wake)
+                    wake = arrival;
                 if (rc < 0) {
                     snprintf(error, (size_t)error_bytes, "rank %u: transport error %d", r, rc);
                     release(ranks, n, net, signal);

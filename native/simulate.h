@@ -29,6 +29,9 @@ struct udt_simulation {
     /* One rank starts every call this much later than the others (0: none). */
     uint32_t late_rank;
     double late_start_s;
+    /* Every datagram arrives this long after it was sent (0: at once): a long
+     * path, or ranks waiting for a core. */
+    uint64_t delay_ns;
 };
 
 /* What one rank saw in one call. */

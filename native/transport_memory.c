@@ -1,6 +1,7 @@
 /* An in-memory network of N endpoints in one process, for the simulator: a
- * send copies the datagram into the receiver's queue, delivery is instant and
- * in order. Loss comes from the loss-injection wrapper, as on a real socket. */
+ * send copies the datagram into the receiver's queue, delivered in order, at
+ * once or a fixed delay of the simulator's clock later. Loss comes from the
+ * loss-injection wrapper, as on a real socket. */
 #include "transport_memory.h"
 
 #include <stdio.h>
@@ -8,9 +9,10 @@
 #include <string.h>
 
 #define MEMORY_RECV_BATCH 64
+#define SLOT_HEADER 16u
 
 struct memory_queue {
-    uint8_t *slots;    /* capacity slots of (4-byte sender, 4-byte length, datagram) */
+    uint8_t *slots;    /* capacity slots of (8-byte delivery time, 4-byte sender, 4-byte length, datagram) */
     uint32_t capacity, head, count;
 };
 
@@ -18,6 +20,7 @@ struct udt_memory_network {
     uint32_t world_size, max_datagram_bytes, slot_bytes;
     struct memory_queue *queues;
     int64_t *send_allowance; /* per endpoint: data datagrams it may still send (-1: no limit) */
+    uint64_t now_ns, delay_ns; /* the simulator's clock, and how long after it a datagram sent now arrives */
 };
 
 struct memory_transport {
@@ -27,7 +30,7 @@ struct memory_transport {
     uint8_t *received; /* the last batch handed out, valid until the next receive */
 };
 
-static int queue_push(struct memory_queue *q, uint32_t slot_bytes, uint32_t from, const struct udt_send_item *item)
+static int queue_push(struct memory_queue *q, uint32_t slot_bytes, uint32_t from, uint64_t arrives_ns, const struct udt_send_item *item)
 {
     if (q->count == q->capacity) {
         uint32_t capacity = q->capacity ? 2 * q->capacity : 64;
@@ -43,11 +46,12 @@ static int queue_push(struct memory_queue *q, uint32_t slot_bytes, uint32_t from
     }
     uint8_t *slot = q->slots + (size_t)((q->head + q->count) % q->capacity) * slot_bytes;
     uint32_t bytes = item->header_bytes + item->payload_bytes;
-    memcpy(slot, &from, 4);
-    memcpy(slot + 4, &bytes, 4);
-    memcpy(slot + 8, item->header, item->header_bytes);
+    memcpy(slot, &arrives_ns, 8);
+    memcpy(slot + 8, &from, 4);
+    memcpy(slot + 12, &bytes, 4);
+    memcpy(slot + SLOT_HEADER, item->header, item->header_bytes);
     if (item->payload_bytes)
-        memcpy(slot + 8 + item->header_bytes, item->payload, item->payload_bytes);
+        memcpy(slot + SLOT_HEADER + item->header_bytes, item->payload, item->payload_bytes);
     q->count++;
     return 0;
 }
@@ -71,7 +75,7 @@ static int memory_send(struct udt_transport *t, const struct udt_send_item *item
                      items[i].header_bytes + items[i].payload_bytes);
             return -22;
         }
-        if (queue_push(&net->queues[items[i].peer], net->slot_bytes, m->rank, &items[i]) != 0) {
+        if (queue_push(&net->queues[items[i].peer], net->slot_bytes, m->rank, net->now_ns + net->delay_ns, &items[i]) != 0) {
             udt_error_check(&t->error, "memory transport: out of memory");
             return -12;
         }
@@ -91,12 +95,16 @@ static int memory_recv(struct udt_transport *t, struct udt_recv_item *items, int
         max_items = MEMORY_RECV_BATCH;
     for (; n < max_items && q->count > 0; n++) {
         uint8_t *slot = q->slots + (size_t)q->head * net->slot_bytes;
+        uint64_t arrives_ns;
+        memcpy(&arrives_ns, slot, 8);
+        if (arrives_ns > net->now_ns)
+            break; /* still on the way, and so is everything behind it (one delay for all) */
         uint8_t *copy = m->received + (size_t)n * net->slot_bytes;
         memcpy(copy, slot, net->slot_bytes);
         uint32_t from, bytes;
-        memcpy(&from, copy, 4);
-        memcpy(&bytes, copy + 4, 4);
-        items[n] = (struct udt_recv_item){.data = copy + 8, .bytes = bytes, .peer = (int32_t)from};
+        memcpy(&from, copy + 8, 4);
+        memcpy(&bytes, copy + 12, 4);
+        items[n] = (struct udt_recv_item){.data = copy + SLOT_HEADER, .bytes = bytes, .peer = (int32_t)from};
         q->head = (q->head + 1) % q->capacity;
         q->count--;
     }
@@ -132,7 +140,7 @@ struct udt_memory_network *udt_memory_network_create(uint32_t world_size, uint32
         return NULL;
     net->world_size = world_size;
     net->max_datagram_bytes = max_datagram_bytes;
-    net->slot_bytes = (max_datagram_bytes + 8 + 7) & ~7u;
+    net->slot_bytes = (max_datagram_bytes + SLOT_HEADER + 7) & ~7u;
     net->queues = calloc(world_size, sizeof *net->queues);
     net->send_allowance = malloc(world_size * sizeof *net->send_allowance);
     if (!net->queues || !net->send_allowance) {
@@ -163,6 +171,21 @@ void udt_memory_set_send_allowance(struct udt_memory_network *net, uint32_t rank
 }
 
 int64_t udt_memory_send_allowance(const struct udt_memory_network *net, uint32_t rank) { return net->send_allowance[rank]; }
+
+void udt_memory_set_clock(struct udt_memory_network *net, uint64_t now_ns, uint64_t delay_ns)
+{
+    net->now_ns = now_ns;
+    net->delay_ns = delay_ns;
+}
+
+uint64_t udt_memory_next_arrival(const struct udt_memory_network *net, uint32_t rank)
+{
+    const struct memory_queue *q = &net->queues[rank];
+    uint64_t arrives_ns = UINT64_MAX;
+    if (q->count)
+        memcpy(&arrives_ns, q->slots + (size_t)q->head * net->slot_bytes, 8);
+    return arrives_ns;
+}
 
 struct udt_transport *udt_memory_open(struct udt_memory_network *net, uint32_t rank)
 {

@@ -6,18 +6,22 @@
 
 #include "transport.h"
 
-/* In-memory network of N endpoints in one process (the simulator's): instant,
- * in-order delivery; endpoint i's peer j is endpoint j. */
+/* In-memory network of N endpoints in one process (the simulator's): in-order
+ * delivery, at once or after a fixed delay; endpoint i's peer j is endpoint j. */
 struct udt_memory_network;
 struct udt_memory_network *udt_memory_network_create(uint32_t world_size, uint32_t max_datagram_bytes);
 void udt_memory_network_destroy(struct udt_memory_network *network);
 struct udt_transport *udt_memory_open(struct udt_memory_network *network, uint32_t rank);
 /* A sender that can hand out only so many data datagrams (a busy CPU or a slow
  * NIC, paced by the simulator): endpoint `rank` takes at most `datagrams` more
- * datagrams with a payload, refusing the rest like a full socket (-1: no limit).
- * Header-only datagrams (credits, END markers, JOIN, verdicts) always go. The
- * second call reads what is left of the allowance. */
+ * datagrams with a payload (data, verdicts), refusing the rest like a full
+ * socket (-1: no limit). Header-only datagrams (credits, END markers, JOIN)
+ * always go. The second call reads what is left of the allowance. */
 void udt_memory_set_send_allowance(struct udt_memory_network *network, uint32_t rank, int64_t datagrams);
 int64_t udt_memory_send_allowance(const struct udt_memory_network *network, uint32_t rank);
+/* The simulator's clock, and the delay after which a datagram sent now is delivered. */
+void udt_memory_set_clock(struct udt_memory_network *network, uint64_t now_ns, uint64_t delay_ns);
+/* When the first datagram queued for `rank` is delivered (UINT64_MAX: none queued). */
+uint64_t udt_memory_next_arrival(const struct udt_memory_network *network, uint32_t rank);
 
 #endif

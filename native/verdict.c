@@ -42,13 +42,6 @@
 #define ACK_INTERVAL_DIVISOR 4u
 #define ACK_INTERVAL_MAX_SHIFT 2u
 #define ANSWER_WAIT_INTERVALS 2u
-/* That stay is for loss that may take every copy of a last answer, and only then is it paid: when
- * the n(n - 1) answers of a call, each with every copy lost at the recent rates (answers_at_risk),
- * would leave some peer without its answer in more than this share of calls. Under independent
- * loss, at 8 ranks, that stays at 3% and above and not at 2% or below; under bursts, at 1%
- * too. Before, any call that lost a chunk or resent a verdict message stayed: at 1% loss a 4-rank
- * 1 MiB call spent 2.7 ms in its verdict round where 0.7 did (docs/performance/verdict_round.md). */
-#define ANSWER_LOSS_RISK 1e-3
 /* quarter intervals a rank asks the open peers for the verdicts of closed ports before deciding
  * without them (udt_verdict_progress) */
 #define CLOSED_ASK_INTERVALS 8u
@@ -72,12 +65,25 @@ static int left_after_its_verdict(const struct call *c, const struct udt_comm *c
            p->bounced_ns >= c->start_ns && p->bounced_ns > p->alive_ns;
 }
 
-static uint64_t resend_interval(const struct udt_comm *comm, uint32_t attempts, int only_ack_missing)
+/* Our verdict went to the peer (a request, an answer or an acknowledgement). */
+static void note_ours_sent(struct peer_in_call *in, uint64_t now)
 {
-    uint64_t base = (uint64_t)comm->options.agree_resend_us * 1000ull;
+    if (!in->ours_sent)
+        in->ours_first_sent_ns = now;
+    in->ours_sent = 1;
+}
+
+/* Asking for an acknowledgement keeps to agree_resend_us: a peer that answered last stays a
+ * fixed two of them (answer_wait_end). Asking for a verdict waits as long as rounds here usually
+ * take (udt_verdict_resend_base_ns). */
+static uint64_t resend_interval(const struct call *c, const struct udt_comm *comm, uint32_t attempts, int only_ack_missing)
+{
     if (only_ack_missing)
-        return base / ACK_INTERVAL_DIVISOR << (attempts < ACK_INTERVAL_MAX_SHIFT ? attempts : ACK_INTERVAL_MAX_SHIFT);
-    return base << (attempts < 4 ? attempts : 4);
+        return (uint64_t)comm->options.agree_resend_us * 1000ull / ACK_INTERVAL_DIVISOR
+               << (attempts < ACK_INTERVAL_MAX_SHIFT ? attempts : ACK_INTERVAL_MAX_SHIFT);
+    uint64_t backed_off = udt_verdict_resend_base_ns(c, comm) << (attempts < 4 ? attempts : 4);
+    uint64_t longest = (uint64_t)comm->options.agree_resend_us * 1000ull << 4; /* as long as before it waited rounds */
+    return backed_off < longest ? backed_off : longest;
 }
 
 /* `final`: the message may be the last thing the peer needs from us before we leave (a decided
@@ -91,6 +97,7 @@ static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, ui
                                   .chunk_index = chunk_index, .payload = payload,
                                   .copies = final ? (int)comm->options.end_repeats : 1};
     int rc = udt_send_control(c, peer, &verdict);
+    c->verdict.ours_missing |= rc < verdict.copies; /* the socket was full: a copy never left */
     return rc < 0 ? rc : 0;
 }
 
@@ -274,7 +281,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
 {
     int relayed = h->flags & UDT_AGREE_RELAYED;
     if (payload_bytes != UDT_VERDICT_BYTES || h->payload_bytes != UDT_VERDICT_BYTES || (h->flags & ~UDT_AGREE_FLAGS) ||
-        h->reserved ||
+        h->reserved || (h->flags & (UDT_AGREE_AGAIN | UDT_AGREE_REPLY)) == (UDT_AGREE_AGAIN | UDT_AGREE_REPLY) ||
         (relayed ? h->flags != (UDT_AGREE_RELAYED | UDT_AGREE_REPLY) || h->chunk_index >= c->n || h->chunk_index == c->rank ||
                        h->chunk_index == peer
                  : h->chunk_index > c->n)) {
@@ -308,6 +315,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->layout_tag = h->layout_tag;
             slot->flags |= VERDICT_GOT;
             if (current) {
+                c->verdict.wait_unclean |= (h->flags & (UDT_AGREE_REPLY | UDT_AGREE_AGAIN)) != 0;
                 c->verdict.verdicts_got++;
                 mark_finished(c, comm, peer, now);
                 heed_cause(c, comm, payload);
@@ -334,6 +342,13 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         }
         if (wanted != UINT32_MAX)
             relay_wanted(c, comm, peer, c->sequence, wanted);
+        struct peer_in_call *in = &comm->peers[peer].in_call;
+        /* a request sent again that lacks what we sent it an interval before (our verdict; once
+         * we decided, our acknowledgement: it does not say HOLDING) tells of loss toward it */
+        if ((h->flags & (UDT_AGREE_AGAIN | UDT_AGREE_HOLDING | UDT_AGREE_REPLY)) == UDT_AGREE_AGAIN) {
+            uint64_t since = have_ours ? (c->verdict.decided ? c->verdict.decided_ns : 0) : in->ours_sent ? in->ours_first_sent_ns : 0;
+            c->verdict.ours_missing |= since && now >= since + udt_verdict_resend_base_ns(c, comm);
+        }
         if (c->phase < PHASE_VERDICT)
             return;
         /* the verdict that completes our set: decide now, acknowledging every peer at once, this
@@ -354,7 +369,6 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         int crossed = now < comm->peers[peer].in_call.verdict_sent_ns + crossing;
         int holds_ours = h->flags & (UDT_AGREE_HOLDING | UDT_AGREE_HAVE_YOURS);
         uint32_t hint = !is_reply && have_ours ? lacking_hint(c, comm, peer) : 0;
-        struct peer_in_call *in = &comm->peers[peer].in_call;
         int lacks_our_ack = have_ours && !(h->flags & UDT_AGREE_HOLDING) && in->acked_once;
         if (c->verdict.decided ? !is_reply || news || lacks_our_ack
                                : !is_reply && ((!holds_ours && !crossed) || hint)) {
@@ -362,7 +376,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
                             (c->verdict.decided && (slot->flags & VERDICT_ACKED) ? UDT_AGREE_HOLDING : 0);
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags,
                          hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided);
-            in->ours_sent = 1;
+            note_ours_sent(in, now);
             if (c->verdict.decided) {
                 c->verdict.answered_ns = now;
                 in->acked_once = 0; /* as many copies as an END marker went */
@@ -530,7 +544,7 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
         if (got || severity == CAUSE_PEER_TIMEOUT) {
             (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
                                UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0) | (acked ? UDT_AGREE_HOLDING : 0), 0, final);
-            in->ours_sent = 1;
+            note_ours_sent(in, now);
             in->acked_once = got && !final;
         }
     }
@@ -574,18 +588,6 @@ static int acks_presumed(struct call *c, struct udt_comm *comm, uint64_t now, ui
     return 1;
 }
 
-/* Whether some rank of the call may have lost every copy of some peer's last answer in more than
- * ANSWER_LOSS_RISK of calls: the first copy lost at the recent loss rate, each next one (sent
- * right after) at the recent rate of a loss after a loss. */
-static int answers_at_risk(const struct call *c, const struct udt_comm *comm)
-{
-    double every_copy_lost = udt_recent_loss(c, comm);
-    double after_loss = udt_recent_loss_after_loss(c, comm, every_copy_lost);
-    for (uint32_t k = 1; k < comm->options.end_repeats; k++)
-        every_copy_lost *= after_loss;
-    return (double)c->n * (double)(c->n - 1) * every_copy_lost > ANSWER_LOSS_RISK;
-}
-
 /* Whether every peer has sent its verdict or its port was seen closed in this call (it never
  * will; the cause that names it is in our verdict or in a peer's, so every rank fails alike). */
 static int all_but_closed_answered(const struct call *c, const struct udt_comm *comm)
@@ -604,10 +606,11 @@ static int all_but_closed_answered(const struct call *c, const struct udt_comm *
 static int send_request(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t hint, uint64_t now)
 {
     int got = slot_for(comm, peer, c->sequence)->flags & VERDICT_GOT;
-    uint8_t flags = got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0;
+    uint8_t flags = (got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0) |
+                    (comm->peers[peer].in_call.verdict_attempts ? UDT_AGREE_AGAIN : 0);
     int rc = send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
     comm->peers[peer].in_call.verdict_sent_ns = now;
-    comm->peers[peer].in_call.ours_sent = 1;
+    note_ours_sent(&comm->peers[peer].in_call, now);
     return rc;
 }
 
@@ -645,14 +648,16 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             *wake = closed_wake;
     }
     /* Done once every peer has decided, holding our verdict. If we have just answered a peer
-     * (or acknowledged at deciding) and this call has seen loss, stay ANSWER_WAIT_INTERVALS
+     * (or acknowledged at deciding) and this call has seen loss (a chunk lost, a verdict asked
+     * for again before deciding, a message of ours missing; not our asking for an
+     * acknowledgement: that says only that a peer is slow to decide), stay ANSWER_WAIT_INTERVALS
      * resend intervals to answer again should that answer be lost: the peer cannot return
      * before it hears from us, and after we return nobody answers it until our next call.
      * (On a clean link the answer's copies arrive, and where loss is rare enough so do they:
-     * answers_at_risk.) */
-    int lossy = c->verdict.answered_ns && (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 ||
+     * udt_answers_at_risk.) */
+    int lossy = c->verdict.answered_ns && (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->verdict.ours_missing ||
                                            comm->transport->counter_injected_drops != c->drops_before) &&
-                answers_at_risk(c, comm);
+                udt_answers_at_risk(c, comm);
     uint64_t answer_wait_end = lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
@@ -688,9 +693,9 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             int rc = send_request(c, comm, p, peer->in_call.verdict_attempts > 0 ? lacking_hint(c, comm, p) : 0, now);
             if (rc < 0)
                 return rc;
-            c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0;
+            c->verdict.verdict_resends += peer->in_call.verdict_attempts > 0 && !c->verdict.decided;
             peer->in_call.acks_asked += c->verdict.decided;
-            peer->in_call.verdict_resend_ns = now + resend_interval(comm, peer->in_call.verdict_attempts++, acknowledging);
+            peer->in_call.verdict_resend_ns = now + resend_interval(c, comm, peer->in_call.verdict_attempts++, acknowledging);
             progressed = 1;
         }
         if (peer->in_call.verdict_resend_ns < due)

@@ -1,7 +1,7 @@
 """The rank that answers last in a verdict round cannot be acknowledged, so under loss it stays a
 while to answer again should every copy of its answer be lost (docs/semantics.md, "How the
 verdict round ends"). It stays only where recent loss makes that likely enough to matter
-(native/verdict.c, answers_at_risk; native/recent_loss.c): rare independent loss no longer holds
+(native/recent_loss.c, udt_answers_at_risk): rare independent loss no longer holds
 every call that lost a chunk, while heavy loss and bursts, which take copies sent back to back
 together, still do. Injected loss on every datagram, answers included."""
 import ud_transport

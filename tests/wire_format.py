@@ -4,10 +4,10 @@ stranger or a peer on the wire."""
 import struct
 
 MAGIC = 0x31544455
-VERSION = 5
+VERSION = 6
 KIND_DATA, KIND_END, KIND_CREDIT, KIND_AGREE, KIND_JOIN = 1, 2, 3, 4, 5
 JOIN_REPLY = 2
-AGREE_HAVE_YOURS, AGREE_REPLY, AGREE_RELAYED, AGREE_HOLDING = 1, 2, 4, 8  # flags of a verdict
+AGREE_HAVE_YOURS, AGREE_REPLY, AGREE_RELAYED, AGREE_HOLDING, AGREE_AGAIN = 1, 2, 4, 8, 16  # flags of a verdict
 PHASE_REDUCE, PHASE_GATHER = 0, 1
 COLLECTIVES = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2, "broadcast": 3, "agree": 4}
 ALGORITHMS = {"ring": 0, "direct": 1}

@@ -114,7 +114,8 @@ class Options:
         transport. Every rank must set the same. "auto" or 1 to ``_native.MAX_STRIPES``. ``UD_STRIPES``.
     agree_resend_us : int, default 1000
         Microseconds before the first resend of a verdict-round message (the interval doubles,
-        up to 16x; JOIN requests up to 128x).
+        up to 16x; JOIN requests up to 128x). Where rounds usually take longer and loss has been
+        rare, a verdict is resent only after the usual round and four spreads, at most 16x.
     join_timeout_s : float, default 300.0
         Seconds a call waits for every rank to join it before a PeerTimeout names the absent
         one; the data deadline counts from the join. 0.001 to 4e6. ``UD_JOIN_TIMEOUT``.

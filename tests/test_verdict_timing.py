@@ -1,0 +1,73 @@
+"""How long a rank waits in the verdict round before it reads a peer's silence as loss.
+
+A rank sends its verdict again for want of a peer's after agree_resend_us (1 ms), or, where rounds
+here usually take longer and loss is rare, after as long as they usually take and four spreads (as
+TCP times a retransmission). Only evidence of loss makes the rank that answered last stay for its
+peers: a chunk lost, a verdict asked for again before deciding, a copy of its own that found the
+socket full, a peer asking again for what it sent an interval before. Asking a slow peer for its
+acknowledgement is no such evidence (native/verdict.c; native/recent_loss.c).
+
+The simulator runs the real engines on a virtual clock, so these figures are exact, not timings:
+`delay_ns` delivers every datagram that long after it was sent (a long path, or ranks that wait
+for a core, as 8 ranks on 2 cores do), `send_ns_per_datagram` paces a sender like a full socket."""
+import statistics
+
+from ud_transport import _native
+
+WORLD, DELAY_NS = 8, 1_500_000  # one way, longer than the first resend interval (1 ms)
+
+
+def _barriers(calls, loss=0.0, seed=1):
+    return _native.simulate(WORLD, _native.COLLECTIVE_AGREE, _native.ALGORITHM_DIRECT, 0, 1024, calls, deadline_s=2.0,
+                            loss_budget=1.0, delay_ns=DELAY_NS, loss_kind=1 if loss else 0, loss=loss, seed=seed)
+
+
+def _slowest(call):
+    return max(stats["elapsed_s"] for _, stats, _, _ in call)
+
+
+def test_a_round_slower_than_the_resend_interval_is_waited_for():
+    """Every verdict takes 1.5 ms to arrive. At first a rank knows nothing of the loss here and
+    resends after 1 ms; with the old rule the resends and acknowledgement asks read as loss and
+    every rank stayed 2 ms after its last answer (5.75 ms a barrier). Once its rounds have shown
+    the loss to be rare (ten clean rounds of 7 verdicts), a rank waits the usual round, nobody
+    stays, and a barrier takes its two trips (3 ms) with fewer messages."""
+    rows = _barriers(16)
+    first, later = rows[0], rows[10:]
+    assert all(status == 0 for call in rows for status, _, _, _ in call)
+    assert _slowest(first) >= 5e-3 and all(stats["answer_waits"] for _, stats, _, _ in first)
+    for call in later:
+        assert _slowest(call) <= 2 * DELAY_NS * 1e-9 + 1e-4, [stats["elapsed_s"] for _, stats, _, _ in call]
+        assert not any(stats["answer_waits"] or stats["verdict_acks_presumed"] for _, stats, _, _ in call)
+        sent = sum(stats["agree_messages_sent"] for _, stats, _, _ in call)
+        assert sent < 0.8 * sum(stats["agree_messages_sent"] for _, stats, _, _ in first), sent
+
+
+def test_heavy_loss_keeps_the_quick_resend():
+    """At 10% loss some verdict of a round of 7 is lost in about half the rounds: resending after
+    1 ms recovers it sooner than waiting the usual round would (in this simulation a barrier took
+    6.75 ms at the median that way, 7.75 ms waiting). The rounds' losses keep the estimate high,
+    so later calls are no slower than the first ten."""
+    early, later = [], []
+    for seed in (1, 2, 3):
+        for index, call in enumerate(_barriers(30, loss=0.1, seed=seed)):
+            assert all(status == 0 for status, _, _, _ in call)
+            (early if index < 10 else later).append(_slowest(call))
+    assert statistics.median(later) <= statistics.median(early), (statistics.median(early), statistics.median(later))
+    assert statistics.mean(later) <= 1.02 * statistics.mean(early), (statistics.mean(early), statistics.mean(later))
+
+
+def test_a_root_whose_answers_found_its_socket_full_stays_for_its_peers():
+    """A paced root (50 us a datagram) scatters to 7 ranks; the acknowledgements it sends as it
+    decides find its socket full and never leave. It has every peer's acknowledgement, so nothing
+    else tells it of loss; it must stay to answer the peers that ask again, or they wait 64 ms for
+    a presumed acknowledgement (which they did while asking for an acknowledgement counted as
+    loss only by the asker's own resends: the root had none)."""
+    rows = _native.simulate(WORLD, _native.COLLECTIVE_SCATTER, _native.ALGORITHM_DIRECT, WORLD * 16 * 128, 1024, 3,
+                            deadline_s=1.0, loss_budget=0.0, send_ns_per_datagram=50_000)
+    for index, call in enumerate(rows):
+        for rank, (status, stats, _, _) in enumerate(call):
+            where = f"call {index}, rank {rank}: {stats}"
+            assert status == 0 and stats["verdict_acks_presumed"] == 0, where
+            assert stats["agree_s"] < 16e-3, where
+        assert call[0][1]["answer_waits"] == 1, call[0][1]
