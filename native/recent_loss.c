@@ -73,14 +73,22 @@ static double recent_loss_after_loss(const struct call *c, const struct udt_comm
 
 /* Whether some rank of the call may have lost every copy of some peer's last answer in more than
  * ANSWER_LOSS_RISK of calls: the first copy lost at the recent loss rate, each next one (sent
- * right after) at the recent rate of a loss after a loss. */
-int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm)
+ * right after) at the recent rate of a loss after a loss, where this call showed loss
+ * (`call_lossy`); with every copy lost independently at the rate this rank saw (not this call's
+ * agreed share: a small call that lost one chunk would read as heavy loss), in any call. So where
+ * loss is heavy a rank stays whatever its call saw (at 10%, three copies are all lost in one
+ * answer in a thousand: 8 ranks' 56 answers lose one in 5% of calls), and where it may come in
+ * bursts, only after a call that showed some. */
+int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int call_lossy)
 {
-    double every_copy_lost = recent_loss(c, comm);
-    double after_loss = recent_loss_after_loss(c, comm, every_copy_lost);
-    for (uint32_t k = 1; k < comm->options.end_repeats; k++)
+    double loss = recent_loss(c, comm), every_copy_lost = loss, rate = loss_seen(c, comm), independently = rate;
+    double after_loss = recent_loss_after_loss(c, comm, loss);
+    for (uint32_t k = 1; k < comm->options.end_repeats; k++) {
         every_copy_lost *= after_loss;
-    return (double)c->n * (double)(c->n - 1) * every_copy_lost > ANSWER_LOSS_RISK;
+        independently *= rate;
+    }
+    double answers = (double)c->n * (double)(c->n - 1);
+    return answers * (call_lossy ? every_copy_lost : independently) > ANSWER_LOSS_RISK;
 }
 
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
@@ -109,14 +117,14 @@ void udt_remember_loss(const struct call *c, struct udt_comm *comm)
     comm->recent_chunks_lost += lost_per_copy(c);
     comm->recent_chunks_seen += (double)c->stats->chunks_total;
     /* The verdicts are datagrams the network carried too, and a communicator that runs only
-     * barriers has nothing else to judge by: n - 1 of them, one taken as lost where some verdict's
-     * first copy was not the first to come (it came as an answer, sent again, or relayed). A round
-     * whose first copies all came first says how long rounds here wait (remember_round). */
+     * barriers has nothing else to judge by: n - 1 of them, those taken as lost whose first copy
+     * was not the first to come (a copy marked AGAIN came first, or a relay). A round whose
+     * first copies all came first says how long rounds here wait (remember_round). */
     if (c->n > 1 && c->verdict.decided && c->verdict.verdicts_got >= c->n - 1) {
-        int clean = !c->verdict.wait_unclean && !c->stats->verdicts_relayed;
+        double late = (double)c->verdict.verdicts_late + (double)c->stats->verdicts_relayed;
         comm->recent_chunks_seen += (double)(c->n - 1);
-        comm->recent_chunks_lost += !clean;
-        if (clean)
+        comm->recent_chunks_lost += late < (double)(c->n - 1) ? late : (double)(c->n - 1);
+        if (late == 0.0)
             remember_round(comm, c->verdict.decided_ns - c->verdict.verdict_started_ns);
     }
     comm->recent_skipped_runs += (double)c->data.skipped_runs;

@@ -93,6 +93,8 @@ static uint64_t resend_interval(const struct call *c, const struct udt_comm *com
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
                         const uint8_t *payload, uint8_t flags, uint32_t chunk_index, int final)
 {
+    if (sequence == c->sequence && !(flags & UDT_AGREE_RELAYED) && comm->peers[peer].in_call.ours_sent)
+        flags |= UDT_AGREE_AGAIN; /* ours went to it before: a verdict that comes this way lost its first copy */
     struct udt_control verdict = {.kind = UDT_KIND_AGREE, .flags = flags, .sequence = sequence, .layout_tag = layout_tag,
                                   .chunk_index = chunk_index, .payload = payload,
                                   .copies = final ? (int)comm->options.end_repeats : 1};
@@ -281,7 +283,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
 {
     int relayed = h->flags & UDT_AGREE_RELAYED;
     if (payload_bytes != UDT_VERDICT_BYTES || h->payload_bytes != UDT_VERDICT_BYTES || (h->flags & ~UDT_AGREE_FLAGS) ||
-        h->reserved || (h->flags & (UDT_AGREE_AGAIN | UDT_AGREE_REPLY)) == (UDT_AGREE_AGAIN | UDT_AGREE_REPLY) ||
+        h->reserved ||
         (relayed ? h->flags != (UDT_AGREE_RELAYED | UDT_AGREE_REPLY) || h->chunk_index >= c->n || h->chunk_index == c->rank ||
                        h->chunk_index == peer
                  : h->chunk_index > c->n)) {
@@ -315,7 +317,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             slot->layout_tag = h->layout_tag;
             slot->flags |= VERDICT_GOT;
             if (current) {
-                c->verdict.wait_unclean |= (h->flags & (UDT_AGREE_REPLY | UDT_AGREE_AGAIN)) != 0;
+                c->verdict.verdicts_late += (h->flags & UDT_AGREE_AGAIN) != 0;
                 c->verdict.verdicts_got++;
                 mark_finished(c, comm, peer, now);
                 heed_cause(c, comm, payload);
@@ -606,8 +608,7 @@ static int all_but_closed_answered(const struct call *c, const struct udt_comm *
 static int send_request(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t hint, uint64_t now)
 {
     int got = slot_for(comm, peer, c->sequence)->flags & VERDICT_GOT;
-    uint8_t flags = (got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0) |
-                    (comm->peers[peer].in_call.verdict_attempts ? UDT_AGREE_AGAIN : 0);
+    uint8_t flags = got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0;
     int rc = send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
     comm->peers[peer].in_call.verdict_sent_ns = now;
     note_ours_sent(&comm->peers[peer].in_call, now);
@@ -648,16 +649,15 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
             *wake = closed_wake;
     }
     /* Done once every peer has decided, holding our verdict. If we have just answered a peer
-     * (or acknowledged at deciding) and this call has seen loss (a chunk lost, a verdict asked
-     * for again before deciding, a message of ours missing; not our asking for an
-     * acknowledgement: that says only that a peer is slow to decide), stay ANSWER_WAIT_INTERVALS
-     * resend intervals to answer again should that answer be lost: the peer cannot return
-     * before it hears from us, and after we return nobody answers it until our next call.
-     * (On a clean link the answer's copies arrive, and where loss is rare enough so do they:
-     * udt_answers_at_risk.) */
-    int lossy = c->verdict.answered_ns && (c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->verdict.ours_missing ||
-                                           comm->transport->counter_injected_drops != c->drops_before) &&
-                udt_answers_at_risk(c, comm);
+     * (or acknowledged at deciding) and loss may have taken every copy (udt_answers_at_risk:
+     * heavy loss, or loss in bursts and this call saw some: a chunk lost, a verdict asked for
+     * again before deciding, a message of ours missing; not our asking for an acknowledgement,
+     * which says only that a peer is slow to decide), stay ANSWER_WAIT_INTERVALS resend
+     * intervals to answer again should it be lost: the peer cannot return before it hears from
+     * us, and after we return nobody answers it until our next call. */
+    int lossy = c->verdict.answered_ns &&
+                udt_answers_at_risk(c, comm, c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->verdict.ours_missing ||
+                                                 comm->transport->counter_injected_drops != c->drops_before);
     uint64_t answer_wait_end = lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;

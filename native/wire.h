@@ -30,8 +30,9 @@ enum udt_kind {
 #define UDT_AGREE_HOLDING 8u    /* the sender holds what it needs of the receiver: its verdict (undecided), or with
                                  * HAVE_YOURS its acknowledgement too (a decided receiver still answers a
                                  * request: the sender lacks its acknowledgement) */
-#define UDT_AGREE_AGAIN 16u     /* a request sent again for want of an answer: a round whose set a verdict sent again
-                                 * completed says nothing of how long rounds take (recent_loss.c) */
+#define UDT_AGREE_AGAIN 16u     /* the sender's verdict went to the receiver before in this call: a verdict that first
+                                 * comes with it lost its first copy (recent_loss.c), and a request with it that lacks
+                                 * what the receiver sent an interval before tells the receiver of loss (verdict.c) */
 #define UDT_AGREE_FLAGS (UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY | UDT_AGREE_RELAYED | UDT_AGREE_HOLDING | UDT_AGREE_AGAIN)
 /* flags of a JOIN datagram: 0 asks "are you in this call?", REPLY answers it */
 #define UDT_JOIN_REPLY 2u

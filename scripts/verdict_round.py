@@ -1,6 +1,6 @@
 """What the verdict round costs: small allreduces on the engine alone (no torch), and per call the
 verdict datagrams each rank sent, the time its verdict round took, and the call's time (the
-slowest rank's), with what was relayed and presumed. For A/B runs of the verdict protocol:
+slowest rank's), with what was relayed and presumed, and how often a rank stayed after its last answer. For A/B runs of the verdict protocol:
 run it once per build (PYTHONPATH picks the build) on the same network.
 
     python3 scripts/verdict_round.py                                   # 2 ranks, loopback
@@ -27,7 +27,7 @@ from ud_transport.lab.hosts import RankNetwork, run_on_network  # noqa: E402
 
 def timed(comm, config):
     """On every rank, per call: (seconds, verdict datagrams sent, verdict round seconds, relayed, presumed,
-    whether the call missed its budget)."""
+    whether the call missed its budget, whether the rank stayed after its last answer)."""
     from ud_transport.errors import LossBudgetExceeded
 
     tensor = np.empty(config["bytes"] // 4, np.float32)
@@ -43,7 +43,7 @@ def timed(comm, config):
         elapsed = time.perf_counter() - start
         if call >= config["warmup"]:
             rows.append((elapsed, stats.agree_messages_sent, stats.agree_s, getattr(stats, "verdicts_relayed", 0),
-                         stats.verdict_acks_presumed, missed))
+                         stats.verdict_acks_presumed, missed, stats.answer_waits))
     return rows
 
 
@@ -76,7 +76,8 @@ def main():
     agree = rows[:, :, 2].ravel()
     print(f"| {np.percentile(slowest, 50) * 1e3:.3f} / {np.percentile(slowest, 99) * 1e3:.3f} "
           f"| {np.percentile(agree, 50) * 1e3:.3f} / {np.percentile(agree, 99) * 1e3:.3f} "
-          f"| {rows[:, :, 1].mean():.2f} | {int(rows[:, :, 3].sum())} | {int(rows[:, :, 4].sum())} | {int(rows[0, :, 5].sum())} |")
+          f"| {rows[:, :, 1].mean():.2f} | {int(rows[:, :, 3].sum())} | {int(rows[:, :, 4].sum())} | {int(rows[0, :, 5].sum())} "
+          f"| {rows[:, :, 6].mean():.0%} of rank-calls |")
     return 0
 
 

@@ -136,14 +136,14 @@ def forgeries(rank, algorithm, session, sequence, layout):
     relayed, reply = wire_format.AGREE_RELAYED, wire_format.AGREE_REPLY
     return [
         # a relay (another rank's verdict passed on) must be a reply, name a third rank of the
-        # world, and carry no acknowledgement; a hint names a rank of the world; a request sent
-        # again is no reply; no other flag
+        # world, and carry no acknowledgement nor say it was sent before; a hint names a rank of
+        # the world; no other flag
         (upstream, verdict(flags=relayed, chunk_index=other), "dropped_invalid"),
         (upstream, verdict(flags=relayed | reply, chunk_index=WORLD), "dropped_invalid"),
         (upstream, verdict(flags=relayed | reply, chunk_index=rank), "dropped_invalid"),
         (upstream, verdict(flags=relayed | reply, chunk_index=upstream), "dropped_invalid"),
         (upstream, verdict(flags=relayed | reply | wire_format.AGREE_HAVE_YOURS, chunk_index=other), "dropped_invalid"),
-        (upstream, verdict(flags=wire_format.AGREE_AGAIN | reply), "dropped_invalid"),
+        (upstream, verdict(flags=relayed | reply | wire_format.AGREE_AGAIN, chunk_index=other), "dropped_invalid"),
         (upstream, verdict(flags=32), "dropped_invalid"),
         (upstream, verdict(chunk_index=WORLD + 1), "dropped_invalid"),
         # then: the chunk count a sender announces (finding 7) is known from the schedule here;
