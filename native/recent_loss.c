@@ -92,8 +92,8 @@ int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int c
 }
 
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
- * its round trip (RFC 6298: gains 1/8 and 1/4), from rounds that resent nothing before deciding,
- * since a resent round's wait says how long the resend took, not the peers. */
+ * its round trip (RFC 6298: gains 1/8 and 1/4), from rounds in which every verdict's first copy
+ * came first, since a round a resent copy completed says how long the resend took (Karn). */
 static void remember_round(struct udt_comm *comm, uint64_t waited_ns)
 {
     double sample = (double)waited_ns;

@@ -70,6 +70,8 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
     uint32_t n = sim->world_size;
     uint64_t count = sim->count;
     struct udt_memory_network *net = udt_memory_network_create(n, sim->chunk_bytes + UDT_WIRE_HEADER_BYTES);
+    if (net)
+        udt_memory_set_delay(net, sim->delay_ns);
     struct sim_rank *ranks = calloc(n, sizeof *ranks);
     double *signal = malloc((count ? count : 1) * sizeof *signal);
     if (!net || !ranks || !signal) {
@@ -158,7 +160,7 @@ int udt_simulate(const struct udt_simulation *sim, struct udt_simulated_call *ou
                     progressed = 1;
                 }
                 uint64_t wake = UINT64_MAX, cost = sim->send_ns_per_datagram;
-                udt_memory_set_clock(net, now, sim->delay_ns);
+                udt_memory_set_clock(net, now);
                 give_send_allowance(net, &ranks[r], r, cost, now);
                 int64_t given = udt_memory_send_allowance(net, r);
                 int rc = udt_call_progress(ranks[r].comm, now, &wake);

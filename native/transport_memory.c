@@ -172,11 +172,9 @@ void udt_memory_set_send_allowance(struct udt_memory_network *net, uint32_t rank
 
 int64_t udt_memory_send_allowance(const struct udt_memory_network *net, uint32_t rank) { return net->send_allowance[rank]; }
 
-void udt_memory_set_clock(struct udt_memory_network *net, uint64_t now_ns, uint64_t delay_ns)
-{
-    net->now_ns = now_ns;
-    net->delay_ns = delay_ns;
-}
+void udt_memory_set_delay(struct udt_memory_network *net, uint64_t delay_ns) { net->delay_ns = delay_ns; }
+
+void udt_memory_set_clock(struct udt_memory_network *net, uint64_t now_ns) { net->now_ns = now_ns; }
 
 uint64_t udt_memory_next_arrival(const struct udt_memory_network *net, uint32_t rank)
 {

@@ -19,8 +19,10 @@ struct udt_transport *udt_memory_open(struct udt_memory_network *network, uint32
  * always go. The second call reads what is left of the allowance. */
 void udt_memory_set_send_allowance(struct udt_memory_network *network, uint32_t rank, int64_t datagrams);
 int64_t udt_memory_send_allowance(const struct udt_memory_network *network, uint32_t rank);
-/* The simulator's clock, and the delay after which a datagram sent now is delivered. */
-void udt_memory_set_clock(struct udt_memory_network *network, uint64_t now_ns, uint64_t delay_ns);
+/* How long after it is sent a datagram is delivered (0, the default: at once), and the
+ * simulator's clock, which that delay counts on. */
+void udt_memory_set_delay(struct udt_memory_network *network, uint64_t delay_ns);
+void udt_memory_set_clock(struct udt_memory_network *network, uint64_t now_ns);
 /* When the first datagram queued for `rank` is delivered (UINT64_MAX: none queued). */
 uint64_t udt_memory_next_arrival(const struct udt_memory_network *network, uint32_t rank);
 

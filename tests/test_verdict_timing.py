@@ -44,17 +44,18 @@ def test_a_round_slower_than_the_resend_interval_is_waited_for():
 
 
 def test_heavy_loss_keeps_the_quick_resend():
-    """At 10% loss some verdict of a round of 7 is lost in about half the rounds: resending after
-    1 ms recovers it sooner than waiting the usual round would (in this simulation a barrier took
-    6.75 ms at the median that way, 7.75 ms waiting). The rounds' losses keep the estimate high,
-    so later calls are no slower than the first ten."""
-    early, later = [], []
+    """At 10% loss some verdict of a round of 7 is lost in about half the rounds. Resending after
+    1 ms (agree_resend_us) recovers it within that interval of a clean call's time; waiting the
+    usual round and its spreads first (1.5 ms and more here) cost a median call two intervals
+    (7.75 ms against 6.75 in this simulation). The rounds' losses keep the estimate high, so a rank
+    keeps the quick resend: the median call stays within one interval of the clean first calls'."""
+    clean = statistics.median(_slowest(call) for call in _barriers(10))
+    lossy = []
     for seed in (1, 2, 3):
-        for index, call in enumerate(_barriers(30, loss=0.1, seed=seed)):
+        for call in _barriers(30, loss=0.1, seed=seed):
             assert all(status == 0 for status, _, _, _ in call)
-            (early if index < 10 else later).append(_slowest(call))
-    assert statistics.median(later) <= statistics.median(early), (statistics.median(early), statistics.median(later))
-    assert statistics.mean(later) <= 1.02 * statistics.mean(early), (statistics.mean(early), statistics.mean(later))
+            lossy.append(_slowest(call))
+    assert statistics.median(lossy) <= clean + 1e-3 + 1e-6, (clean, statistics.median(lossy))
 
 
 def test_a_root_whose_answers_found_its_socket_full_stays_for_its_peers():
