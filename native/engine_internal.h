@@ -164,6 +164,7 @@ struct call_verdict {
     uint64_t answered_ns;        /* when we last answered a peer's verdict message or acknowledged at deciding */
     uint32_t verdict_resends;    /* verdict messages sent again before deciding, for want of a peer's */
     uint32_t verdicts_late;      /* verdicts that came first in a copy marked AGAIN: the first copy was lost */
+    uint32_t ack_copies;         /* copies of our acknowledgement at deciding (udt_answer_copies) */
     uint8_t ours_missing;        /* a copy of ours found the socket full, or a peer asked again for what we sent it an
                                   * interval before: it was lost */
     uint64_t verdict_resend_due_ns; /* the earliest resend due to any peer */
@@ -423,7 +424,9 @@ void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_he
                  uint32_t bytes, uint32_t peer, uint64_t now);
 
 /* recent_loss.c */
+int udt_call_showed_loss(const struct call *c, const struct udt_comm *comm);
 int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int call_lossy);
+uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy);
 void udt_remember_loss(const struct call *c, struct udt_comm *comm);
 uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm);
 

@@ -71,6 +71,14 @@ static double recent_loss_after_loss(const struct call *c, const struct udt_comm
     return after > loss ? after : loss;
 }
 
+/* Evidence of loss in this call: a chunk lost, a verdict asked for again before deciding, a message
+ * of ours missing, a drop the injector made. */
+int udt_call_showed_loss(const struct call *c, const struct udt_comm *comm)
+{
+    return c->stats->chunks_lost || c->verdict.verdict_resends || c->verdict.ours_missing ||
+           comm->transport->counter_injected_drops != c->drops_before;
+}
+
 /* Whether some rank of the call may have lost every copy of some peer's last answer in more than
  * ANSWER_LOSS_RISK of calls: the first copy lost at the recent loss rate, each next one (sent
  * right after) at the recent rate of a loss after a loss, where this call showed loss
@@ -83,12 +91,27 @@ int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int c
 {
     double loss = recent_loss(c, comm), every_copy_lost = loss, rate = loss_seen(c, comm), independently = rate;
     double after_loss = recent_loss_after_loss(c, comm, loss);
-    for (uint32_t k = 1; k < comm->options.end_repeats; k++) {
+    uint32_t copies = c->verdict.ack_copies ? c->verdict.ack_copies : comm->options.end_repeats;
+    for (uint32_t k = 1; k < copies; k++) {
         every_copy_lost *= after_loss;
         independently *= rate;
     }
     double answers = (double)c->n * (double)(c->n - 1);
     return answers * (call_lossy ? every_copy_lost : independently) > ANSWER_LOSS_RISK;
+}
+
+/* How many copies the acknowledgement at deciding takes (each a datagram to every peer): all of an
+ * END marker's where this call showed loss; else the fewest with which the call's n(n - 1)
+ * answers, every copy lost independently at the rate this rank saw lately, would leave a peer
+ * without its answer in at most ANSWER_LOSS_RISK of calls, so that udt_answers_at_risk lets us
+ * go; on a network that lost nothing for long, one. A peer that lacks it asks, and is answered. */
+uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy)
+{
+    uint32_t most = comm->options.end_repeats, copies = 1;
+    double rate = loss_seen(c, comm), risk = (double)c->n * (double)(c->n - 1) * rate;
+    for (; copies < most && risk > ANSWER_LOSS_RISK; copies++)
+        risk *= rate;
+    return call_lossy ? most : copies;
 }
 
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths

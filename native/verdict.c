@@ -21,13 +21,11 @@
  * one rank can reach all of them while a holder is still in the call, even
  * where its sender's link to some rank drops everything or the sender died
  * after sending (a closed port's verdict is asked for before deciding without
- * it). Peers one call ahead are
- * answered from the kept verdict of the previous call. */
+ * it). Peers one call ahead are answered from the kept verdict of the previous call. */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine_internal.h"
-
 
 /* A decided rank that holds a peer's verdict waits only for the peer's acknowledgement, which the
  * peer sends when it decides and in answer to us after: ask again after a quarter of the first
@@ -50,9 +48,8 @@
  * times since we decided. Any one of those copies would have given the peer our verdict and our
  * decision, and a peer that has not decided would still be answering; silence means it decided
  * and left, its answers to us lost (a burst took the last of them), and it cannot answer again
- * until its next call. Waiting
- * on would hold us to the hard deadline for nothing. The count is what makes this safe: loss
- * that takes 64 copies in a row (p^64 for independent loss) would take the data first. */
+ * until its next call. Waiting on would hold us to the hard deadline for nothing. The count is
+ * what makes this safe: loss that takes 64 copies in a row (p^64 independently) would take the data first. */
 #define ACK_QUIET_INTERVALS 64u
 #define ACK_QUIET_SENDS 64u
 
@@ -86,18 +83,18 @@ static uint64_t resend_interval(const struct call *c, const struct udt_comm *com
     return backed_off < longest ? backed_off : longest;
 }
 
-/* `final`: the message may be the last thing the peer needs from us before we leave (a decided
- * rank's answer, its acknowledgement to a peer that may already hold its verdict, or the notice
- * to a peer it gave up on): sent as many times as an END marker. Anything else goes once: the
- * peer or we ask again while it lacks it. */
+/* `copies`: FINAL (an END marker's) where the message may be the last the peer needs from us before we leave (a
+ * decided rank's answer, the notice to a peer it gave up on); the acknowledgement at deciding as many as
+ * udt_answer_copies says. Anything else goes once: the peer or we ask again while it lacks it. */
+#define FINAL(comm) ((int)(comm)->options.end_repeats)
 static int send_verdict(struct call *c, struct udt_comm *comm, uint32_t peer, uint32_t sequence, uint32_t layout_tag,
-                        const uint8_t *payload, uint8_t flags, uint32_t chunk_index, int final)
+                        const uint8_t *payload, uint8_t flags, uint32_t chunk_index, int copies)
 {
     if (sequence == c->sequence && !(flags & UDT_AGREE_RELAYED) && comm->peers[peer].in_call.ours_sent)
         flags |= UDT_AGREE_AGAIN; /* ours went to it before: a verdict that comes this way lost its first copy */
     struct udt_control verdict = {.kind = UDT_KIND_AGREE, .flags = flags, .sequence = sequence, .layout_tag = layout_tag,
                                   .chunk_index = chunk_index, .payload = payload,
-                                  .copies = final ? (int)comm->options.end_repeats : 1};
+                                  .copies = copies};
     int rc = udt_send_control(c, peer, &verdict);
     c->verdict.ours_missing |= rc < verdict.copies; /* the socket was full: a copy never left */
     return rc < 0 ? rc : 0;
@@ -246,7 +243,7 @@ static void relay_wanted(struct call *c, struct udt_comm *comm, uint32_t peer, u
     const struct verdict_slot *slot = &comm->peers[wanted].slot[sequence & 1];
     if (slot->sequence == sequence && (slot->flags & VERDICT_GOT))
         (void)send_verdict(c, comm, peer, sequence, slot->layout_tag, slot->payload, UDT_AGREE_REPLY | UDT_AGREE_RELAYED,
-                           wanted, 0);
+                           wanted, 1);
 }
 
 /* A verdict another rank passed on (relay_wanted), taken as its original rank's own while we lack
@@ -377,11 +374,11 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
             uint8_t flags = UDT_AGREE_REPLY | (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) |
                             (c->verdict.decided && (slot->flags & VERDICT_ACKED) ? UDT_AGREE_HOLDING : 0);
             send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags,
-                         hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided);
+                         hint ? hint : lacking_hint(c, comm, peer), c->verdict.decided ? FINAL(comm) : 1);
             note_ours_sent(in, now);
             if (c->verdict.decided) {
                 c->verdict.answered_ns = now;
-                in->acked_once = 0; /* as many copies as an END marker went */
+                in->acked_once = 0; /* FINAL copies went */
             }
         }
         return;
@@ -390,7 +387,7 @@ void udt_verdict_receive(struct call *c, struct udt_comm *comm, const struct udt
         /* a peer still in the previous call lacks our verdict or our acknowledgement */
         if (!is_reply)
             send_verdict(c, comm, peer, comm->last_verdict_sequence, comm->last_layout_tag, comm->last_verdict,
-                         UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY, 0, 1);
+                         UDT_AGREE_HAVE_YOURS | UDT_AGREE_REPLY, 0, FINAL(comm));
         if (wanted != UINT32_MAX)
             relay_wanted(c, comm, peer, comm->last_verdict_sequence, wanted);
         return;
@@ -530,24 +527,27 @@ static int decide(struct call *c, struct udt_comm *comm, uint64_t now)
     /* The acknowledgement: every peer whose verdict we hold hears that we decided, as a reply,
      * saying whether we hold its acknowledgement (HOLDING). A peer that may hold our verdict
      * already may decide without this message, and then wait only for it: it gets as many copies
-     * as an END marker. One that cannot (our verdict never went to it) gets one copy: it cannot
-     * decide without it, so if the copy is lost our requests (a quarter interval on) bring it,
-     * and we are still here because it has not acknowledged. Whenever a peer's acknowledgement says it lacks ours (every copy
-     * lost, or our verdict reached it through a relay), we answer it (udt_verdict_receive). A peer
+     * as the recent loss calls for (udt_answer_copies). One that cannot (our verdict never went
+     * to it) gets one copy: it cannot decide without it, so if the copy is lost our requests (a
+     * quarter interval on) bring it, and we are still here because it has not acknowledged.
+     * Whenever a peer's acknowledgement says it lacks ours (every copy lost, or our verdict
+     * reached it through a relay), we answer it (udt_verdict_receive). A peer
      * we gave up on may only be paused: it gets our verdict without the acknowledgement, so that
      * it fails as we do when it wakes; best effort, we leave either way. */
+    c->verdict.ack_copies = udt_answer_copies(c, comm, udt_call_showed_loss(c, comm));
     for (uint32_t p = 0; p < c->n; p++) {
         if (p == c->rank)
             continue;
         struct verdict_slot *slot = slot_for(comm, p, c->sequence);
         int got = slot->flags & VERDICT_GOT;
         struct peer_in_call *in = &comm->peers[p].in_call;
-        int acked = got && (slot->flags & VERDICT_ACKED), final = !got || acked || in->ours_sent;
+        int acked = got && (slot->flags & VERDICT_ACKED), may_hold_ours = acked || in->ours_sent;
+        int copies = !got ? FINAL(comm) : may_hold_ours ? (int)c->verdict.ack_copies : 1;
         if (got || severity == CAUSE_PEER_TIMEOUT) {
             (void)send_verdict(c, comm, p, c->sequence, c->layout_tag, c->verdict.my_verdict,
-                               UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0) | (acked ? UDT_AGREE_HOLDING : 0), 0, final);
+                               UDT_AGREE_REPLY | (got ? UDT_AGREE_HAVE_YOURS : 0) | (acked ? UDT_AGREE_HOLDING : 0), 0, copies);
             note_ours_sent(in, now);
-            in->acked_once = got && !final;
+            in->acked_once = got && !may_hold_ours;
         }
     }
     c->verdict.answered_ns = now;
@@ -609,7 +609,7 @@ static int send_request(struct call *c, struct udt_comm *comm, uint32_t peer, ui
 {
     int got = slot_for(comm, peer, c->sequence)->flags & VERDICT_GOT;
     uint8_t flags = got ? (c->verdict.decided ? UDT_AGREE_HAVE_YOURS : UDT_AGREE_HOLDING) : 0;
-    int rc = send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 0);
+    int rc = send_verdict(c, comm, peer, c->sequence, c->layout_tag, c->verdict.my_verdict, flags, hint, 1);
     comm->peers[peer].in_call.verdict_sent_ns = now;
     note_ours_sent(&comm->peers[peer].in_call, now);
     return rc;
@@ -655,9 +655,7 @@ int udt_verdict_progress(struct call *c, struct udt_comm *comm, uint64_t now, ui
      * which says only that a peer is slow to decide), stay ANSWER_WAIT_INTERVALS resend
      * intervals to answer again should it be lost: the peer cannot return before it hears from
      * us, and after we return nobody answers it until our next call. */
-    int lossy = c->verdict.answered_ns &&
-                udt_answers_at_risk(c, comm, c->stats->chunks_lost > 0 || c->verdict.verdict_resends > 0 || c->verdict.ours_missing ||
-                                                 comm->transport->counter_injected_drops != c->drops_before);
+    int lossy = c->verdict.answered_ns && udt_answers_at_risk(c, comm, udt_call_showed_loss(c, comm));
     uint64_t answer_wait_end = lossy ? c->verdict.answered_ns + ANSWER_WAIT_INTERVALS * base : 0;
     if (c->verdict.decided && c->verdict.verdicts_acked < others && acks_presumed(c, comm, now, base)) {
         c->stats->verdict_acks_presumed += others - c->verdict.verdicts_acked;
