@@ -223,11 +223,20 @@ def main():
     parser.add_argument("--replicate-every", default="",
                         help="comma-separated K: a two-stage arm per K whose shards' state is copied every K steps")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="every arm's optimizer")
+    parser.add_argument("--only", default="",
+                        help="comma-separated arms to keep beside compute (e.g. gloo, or ud-1): one backend a run, "
+                             "for a profiler that sees the whole machine")
     args = parser.parse_args()
     config = dict(vars(args), threads=args.threads or max(1, (os.cpu_count() or 1) // args.ranks),
                   arms=["compute", "gloo"] + [f"ud-{s.strip()}" for s in args.stripes.split(",") if s.strip()]
                   + (["fsdp-gloo", "fsdp-ud"] if args.fsdp else []) + (["two-stage"] if args.two_stage or args.replicate_every else [])
                   + [f"two-stage+copy/{int(k)}" for k in args.replicate_every.split(",") if k.strip()])
+    if args.only:
+        kept = [arm.strip() for arm in args.only.split(",") if arm.strip()]
+        unknown = sorted(set(kept) - set(config["arms"]))
+        if unknown:
+            parser.error(f"--only: no such arm {', '.join(unknown)} (arms: {', '.join(config['arms'])})")
+        config["arms"] = ["compute"] + [arm for arm in config["arms"] if arm in kept and arm != "compute"]
     reason = RankNetwork.unavailable_reason(args.hosts, args.kernel_loss)
     if reason:
         print(f"# ddp_step_time: skipped: {reason}")

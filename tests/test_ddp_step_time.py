@@ -30,3 +30,14 @@ def test_every_arm_runs_and_ud_ends_where_gloo_does():
     assert float(rows["two-stage"][-2]) < 1e-5, rows["two-stage"]
     assert re.fullmatch(r"\d+\.\d+ \(\d+\.\d+x\)", rows["two-stage"][-1]), rows["two-stage"]
     assert "0.1 M parameters, 0.5 MiB of gradients" in result.stdout
+
+
+def test_only_keeps_compute_and_the_arms_named():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--warmup", "1", "--width", "64", "--layers", "1",
+                             "--batch", "4", "--stripes", "1", "--threads", "1", "--only", "ud-1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    arms = [line.split("|")[1].strip() for line in result.stdout.splitlines() if re.match(r"\| (compute|gloo|ud-\w+) \|", line)]
+    assert arms == ["compute", "ud-1"], result.stdout
+    wrong = subprocess.run([sys.executable, str(SCRIPT), "--only", "nccl"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "no such arm nccl" in wrong.stderr, wrong.stderr
