@@ -108,10 +108,12 @@ int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int c
 uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy)
 {
     uint32_t most = comm->options.end_repeats, copies = 1;
+    if (call_lossy)
+        return most;
     double rate = loss_seen(c, comm), risk = (double)c->n * (double)(c->n - 1) * rate;
     for (; copies < most && risk > ANSWER_LOSS_RISK; copies++)
         risk *= rate;
-    return call_lossy ? most : copies;
+    return copies;
 }
 
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
