@@ -61,6 +61,8 @@ int udt_send_control(struct call *c, uint32_t peer, const struct udt_control *m)
             c->stats->join_messages_sent += (uint64_t)rc;
         if (m->kind == UDT_KIND_AGREE)
             c->stats->agree_messages_sent += (uint64_t)rc;
+        if (m->kind == UDT_KIND_CREDIT)
+            c->stats->credits_sent += (uint64_t)rc;
     }
     return rc;
 }

@@ -1,11 +1,11 @@
 /* State shared by the engine's rooms. Not part of the public interface. Each room owns one
  * concern, and depends only on the rooms listed before it here (no circle):
  *   pieces.c    an all_to_all whose pieces each have their own size: geometry, share, checksum
+ *   recent_loss.c  what the network lost lately toward this rank, and how long rounds waited
  *   control.c   the headers and the one sender of control datagrams
  *   output.c    the caller's buffers: originals saved and put back, rescaling, write-out
  *   liveness.c  who is in the call, deadlines, JOIN, closing receive steps, closed ports
- *   data.c      credits, sending, admitting data
- *   recent_loss.c  what the network lost lately toward this rank, and how long rounds waited
+ *   data.c      credits (as many copies as recent loss asks), sending, admitting data
  *   verdict.c   the verdict round: one outcome on every rank
  *   call.c      a call's life: refusal, preparing, the progress loop, finishing
  *   comm.c      the communicator
@@ -368,6 +368,14 @@ uint32_t udt_pieces_stride(uint32_t steps);
 uint64_t udt_pieces_geometry(struct call *c);
 uint64_t udt_pieces_checksum(const struct call *c);
 
+/* recent_loss.c */
+int udt_call_showed_loss(const struct call *c, const struct udt_comm *comm);
+int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int call_lossy);
+uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy);
+uint32_t udt_credit_copies(const struct call *c, const struct udt_comm *comm, uint32_t most);
+void udt_remember_loss(const struct call *c, struct udt_comm *comm);
+uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm);
+
 /* control.c */
 /* A control datagram: a header of its kind and, for a verdict, its payload. */
 struct udt_control {
@@ -422,13 +430,6 @@ void udt_on_credit(struct call *c, struct udt_comm *comm, const struct udt_wire_
                    uint64_t now);
 void udt_on_data(struct call *c, struct udt_comm *comm, const struct udt_wire_header *h, const uint8_t *payload,
                  uint32_t bytes, uint32_t peer, uint64_t now);
-
-/* recent_loss.c */
-int udt_call_showed_loss(const struct call *c, const struct udt_comm *comm);
-int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int call_lossy);
-uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy);
-void udt_remember_loss(const struct call *c, struct udt_comm *comm);
-uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm);
 
 /* verdict.c */
 void udt_verdict_begin_peers(struct call *c, struct udt_comm *comm, uint64_t now);

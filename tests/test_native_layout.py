@@ -7,7 +7,7 @@ import re
 
 NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native"
 # in dependency order, as native/engine_internal.h lists them
-ROOMS = ["pieces", "control", "output", "liveness", "data", "recent_loss", "verdict", "call", "comm"]
+ROOMS = ["pieces", "recent_loss", "control", "output", "liveness", "data", "verdict", "call", "comm"]
 MAX_LINES = 720
 
 

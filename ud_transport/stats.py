@@ -83,6 +83,9 @@ class CollectiveStats:
         Verdict-round messages sent.
     join_messages_sent : int
         JOIN requests and replies: who is in the call, whether a quiet sender is alive.
+    credits_sent : int
+        CREDIT datagrams sent, every copy (flow control: how far each sender may go). One copy
+        each where loss has been rare for long, two otherwise.
     receive_overflow_drops : int
         Datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss:
         lower ``Options.window_bytes`` or raise ``net.core.rmem_max``).
@@ -177,6 +180,7 @@ class CollectiveStats:
     injected_drops: int
     agree_messages_sent: int
     join_messages_sent: int
+    credits_sent: int
     receive_overflow_drops: int
     send_calls: int
     receive_calls: int
