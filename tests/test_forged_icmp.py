@@ -80,9 +80,11 @@ def test_every_forged_icmp_error_is_loss_at_most(cluster):
         _agreed_ok(outcomes, f"ICMP type {kind} code {code}")
     forger.close()
     after = cluster.run(icmp_tasks.counters)[VICTIM]
-    # Linux hands every one of them to the socket but time exceeded code 1 (fragment reassembly)
+    # Linux hands every one of them to the socket but time exceeded code 1 (fragment reassembly).
+    # At least that many: an ICMP error this test did not forge may come too (the clean-clone CI of
+    # 2026-12-02, on a slow host, counted 19 of 18 with every call OK and agreed).
     delivered = [error for error in icmp_forge.ALL_ERRORS if error != (11, 1)]
-    assert after["icmp_errors"] - before["icmp_errors"] == len(delivered), (before, after)
+    assert after["icmp_errors"] - before["icmp_errors"] >= len(delivered), (before, after)
 
 
 def test_a_port_closed_for_a_moment_fails_one_call_alike_and_the_next_is_ok(cluster):
