@@ -119,7 +119,7 @@ uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, in
 /* A credit goes in one copy where the share of datagrams lost toward this rank lately (loss_seen,
  * an upper estimate) is below this and this call has skipped no chunk: a lost credit then stalls
  * its sender until the refresh (credit_refresh_us) for about one credit in ten thousand, and a
- * 4-rank 16 MiB call's ~250 credits a rank go out once instead of twice. */
+ * 4-rank 16 MiB call's ~200 credits a rank go out once instead of twice. */
 #define CREDIT_ONE_COPY_LOSS 1e-4
 
 /* How many copies a credit takes (CREDIT_ONE_COPY_LOSS): one on a network that lost nothing for
