@@ -184,6 +184,7 @@ cdef extern from "engine.h" nogil:
         uint64_t agree_messages_sent
         uint64_t join_messages_sent
         uint64_t credits_sent
+        uint64_t ends_sent
         uint64_t receive_overflow_drops
         uint64_t send_calls
         uint64_t receive_calls

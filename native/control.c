@@ -63,6 +63,8 @@ int udt_send_control(struct call *c, uint32_t peer, const struct udt_control *m)
             c->stats->agree_messages_sent += (uint64_t)rc;
         if (m->kind == UDT_KIND_CREDIT)
             c->stats->credits_sent += (uint64_t)rc;
+        if (m->kind == UDT_KIND_END)
+            c->stats->ends_sent += (uint64_t)rc;
     }
     return rc;
 }

@@ -362,7 +362,7 @@ int udt_send_some(struct call *c)
             break; /* the socket is full */
         struct udt_control end = udt_control_of(c, UDT_KIND_END);
         end.step = g;
-        end.copies = (int)comm->options.end_repeats;
+        end.copies = (int)udt_end_copies(c, comm, g);
         rc = udt_send_control(c, (uint32_t)step->send_peer, &end);
         if (rc < 0)
             return rc;

@@ -142,6 +142,7 @@ struct udt_collective_stats {
     uint64_t agree_messages_sent;
     uint64_t join_messages_sent;  /* JOIN requests and replies (who is in the call, is a quiet sender alive) */
     uint64_t credits_sent;        /* CREDIT datagrams, every copy (flow control: data.c) */
+    uint64_t ends_sent;           /* END markers, every copy (a step's last word: data.c) */
     uint64_t receive_overflow_drops; /* datagrams the kernel dropped at this rank's full socket during the call */
     uint64_t send_calls;         /* send system calls made during the call, refused ones too (UDP: sendmmsg; 0 on verbs) */
     uint64_t receive_calls;      /* system calls that returned datagrams during the call (UDP: recvmmsg) */

@@ -373,6 +373,7 @@ int udt_call_showed_loss(const struct call *c, const struct udt_comm *comm);
 int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int call_lossy);
 uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy);
 uint32_t udt_credit_copies(const struct call *c, const struct udt_comm *comm, uint32_t most);
+uint32_t udt_end_copies(const struct call *c, const struct udt_comm *comm, uint32_t step);
 void udt_remember_loss(const struct call *c, struct udt_comm *comm);
 uint64_t udt_verdict_resend_base_ns(const struct call *c, const struct udt_comm *comm);
 

@@ -129,6 +129,32 @@ uint32_t udt_credit_copies(const struct call *c, const struct udt_comm *comm, ui
     return c->data.skipped_chunks == 0 && loss_seen(c, comm) < CREDIT_ONE_COPY_LOSS ? 1 : most;
 }
 
+/* A step's END marker matters to its receiver only where a chunk of the step was lost: a step whose
+ * chunks all came closes complete. A step that lost a chunk and every copy of its END waits
+ * idle_close_us (20 ms by default) and asks its sender, which answers; nothing is lost by it, but
+ * that wait is long beside a small call. So an END takes the fewest copies with which, every
+ * datagram lost independently at the rate this rank saw lately, its step would wait so in at most
+ * END_WAIT_RISK / steps of calls (END_WAIT_RISK a call), and all of end_repeats where this call has
+ * skipped a chunk or the estimate is not yet earned. At 16 ranks a 4 KiB allreduce sends 30 steps
+ * a rank, each one chunk and three ENDs; with end_repeats 1 it took 13% less time
+ * (docs/performance/wire_measurements.md, "END markers by the recent loss"; the
+ * probe there sent verdict answers once too: this alone took about 5% off that call). */
+#define END_WAIT_RISK 1e-4
+
+uint32_t udt_end_copies(const struct call *c, const struct udt_comm *comm, uint32_t step)
+{
+    uint32_t most = comm->options.end_repeats, copies = 1;
+    if (c->data.skipped_chunks)
+        return most;
+    double rate = loss_seen(c, comm);
+    double chunk_lost = pow(rate, (double)c->data.copies); /* every copy of a chunk lost */
+    double step_lost = (double)send_chunks(c, c->step[step].send_block) * chunk_lost;
+    double risk = (step_lost < 1.0 ? step_lost : 1.0) * rate, allowed = END_WAIT_RISK / (double)c->schedule.steps;
+    for (; copies < most && risk > allowed; copies++)
+        risk *= rate;
+    return copies;
+}
+
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
  * its round trip (RFC 6298: gains 1/8 and 1/4), from rounds in which every verdict's first copy
  * came first, since a round a resent copy completed says how long the resend took (Karn). */

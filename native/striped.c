@@ -92,7 +92,7 @@ static void merge_stats(struct udt_collective_stats *into, const struct udt_coll
 #define MAX(field) into->field = part->field > into->field ? part->field : into->field
         SUM(chunks_total); SUM(chunks_lost); SUM(chunks_stale); SUM(datagrams_sent); SUM(payload_bytes_sent); SUM(datagrams_received);
         SUM(dropped_stale); SUM(dropped_duplicate); SUM(redundant_copies); SUM(dropped_foreign); SUM(dropped_invalid);
-        SUM(dropped_early); SUM(injected_drops); SUM(agree_messages_sent); SUM(join_messages_sent); SUM(credits_sent);
+        SUM(dropped_early); SUM(injected_drops); SUM(agree_messages_sent); SUM(join_messages_sent); SUM(credits_sent); SUM(ends_sent);
         SUM(receive_overflow_drops); SUM(send_calls); SUM(receive_calls); SUM(verdict_acks_presumed); SUM(verdicts_relayed); SUM(answer_waits); SUM(steps_ended); SUM(steps_superseded);
         SUM(steps_answered); SUM(steps_timed_out); SUM(idle_waits); SUM(credit_stalls);
         MAX(elapsed_s); MAX(deadline_s); MAX(agree_s); MAX(join_wait_s); MAX(output_s); MAX(agreed_value);

@@ -64,9 +64,9 @@ class Options:
     socket_buffer_bytes : int, default 67108864 (64 MiB)
         UDP send and receive buffer asked of the kernel. ``UD_SOCKET_BUFFER_BYTES``.
     end_repeats : int, default 3
-        Copies of each end-of-step marker (they can be lost too); 1 to
-        ``_native.MAX_END_REPEATS``. Also the most copies of a rank's acknowledgement in the
-        verdict round, which sends fewer where loss has been rare (docs/semantics.md).
+        The most copies of each end-of-step marker (they can be lost too; fewer go where loss has
+        been rare); 1 to ``_native.MAX_END_REPEATS``. Also the most copies of a rank's
+        acknowledgement in the verdict round, which likewise sends fewer (docs/semantics.md).
     credit_refresh_us : int, default 2000
         Microseconds between resends of this rank's credit while it waits for data.
     reorder_grace_us : int, default 200

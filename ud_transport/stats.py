@@ -86,6 +86,10 @@ class CollectiveStats:
     credits_sent : int
         CREDIT datagrams sent, every copy (flow control: how far each sender may go). One copy
         each where loss has been rare for long, two otherwise.
+    ends_sent : int
+        END markers sent, every copy (a step's last word to its receiver, which needs it only where
+        a chunk of the step was lost). As few as one each where loss has been rare, up to
+        ``Options.end_repeats`` otherwise.
     receive_overflow_drops : int
         Datagrams the kernel dropped at this rank's full receive queue (self-inflicted loss:
         lower ``Options.window_bytes`` or raise ``net.core.rmem_max``).
@@ -181,6 +185,7 @@ class CollectiveStats:
     agree_messages_sent: int
     join_messages_sent: int
     credits_sent: int
+    ends_sent: int
     receive_overflow_drops: int
     send_calls: int
     receive_calls: int
