@@ -105,15 +105,23 @@ int udt_answers_at_risk(const struct call *c, const struct udt_comm *comm, int c
  * answers, every copy lost independently at the rate this rank saw lately, would leave a peer
  * without its answer in at most ANSWER_LOSS_RISK of calls, so that udt_answers_at_risk lets us
  * go; on a network that lost nothing for long, one. A peer that lacks it asks, and is answered. */
-uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy)
+/* The fewest copies, at most `most`, that bring `risk` (what one copy leaves) to `allowed` or
+ * below, each further copy lost independently at `rate`. */
+static uint32_t fewest_copies(double risk, double rate, double allowed, uint32_t most)
 {
-    uint32_t most = comm->options.end_repeats, copies = 1;
-    if (call_lossy)
-        return most;
-    double rate = loss_seen(c, comm), risk = (double)c->n * (double)(c->n - 1) * rate;
-    for (; copies < most && risk > ANSWER_LOSS_RISK; copies++)
+    uint32_t copies = 1;
+    for (; copies < most && risk > allowed; copies++)
         risk *= rate;
     return copies;
+}
+
+uint32_t udt_answer_copies(const struct call *c, const struct udt_comm *comm, int call_lossy)
+{
+    uint32_t most = comm->options.end_repeats;
+    if (call_lossy)
+        return most;
+    double rate = loss_seen(c, comm);
+    return fewest_copies((double)c->n * (double)(c->n - 1) * rate, rate, ANSWER_LOSS_RISK, most);
 }
 
 /* A credit goes in one copy where the share of datagrams lost toward this rank lately (loss_seen,
@@ -135,24 +143,20 @@ uint32_t udt_credit_copies(const struct call *c, const struct udt_comm *comm, ui
  * that wait is long beside a small call. So an END takes the fewest copies with which, every
  * datagram lost independently at the rate this rank saw lately, its step would wait so in at most
  * END_WAIT_RISK / steps of calls (END_WAIT_RISK a call), and all of end_repeats where this call has
- * skipped a chunk or the estimate is not yet earned. At 16 ranks a 4 KiB allreduce sends 30 steps
- * a rank, each one chunk and three ENDs; with end_repeats 1 it took 13% less time
- * (docs/performance/wire_measurements.md, "END markers by the recent loss"; the
- * probe there sent verdict answers once too: this alone took about 5% off that call). */
+ * skipped a chunk. At 16 ranks a 4 KiB allreduce sends 30 steps a rank, each one chunk and three
+ * ENDs; one END each took about 5% off that call (docs/performance/wire_measurements.md, "END
+ * markers by the recent loss"). */
 #define END_WAIT_RISK 1e-4
 
 uint32_t udt_end_copies(const struct call *c, const struct udt_comm *comm, uint32_t step)
 {
-    uint32_t most = comm->options.end_repeats, copies = 1;
+    uint32_t most = comm->options.end_repeats;
     if (c->data.skipped_chunks)
         return most;
     double rate = loss_seen(c, comm);
     double chunk_lost = pow(rate, (double)c->data.copies); /* every copy of a chunk lost */
-    double step_lost = (double)send_chunks(c, c->step[step].send_block) * chunk_lost;
-    double risk = (step_lost < 1.0 ? step_lost : 1.0) * rate, allowed = END_WAIT_RISK / (double)c->schedule.steps;
-    for (; copies < most && risk > allowed; copies++)
-        risk *= rate;
-    return copies;
+    double step_lost = fmin(1.0, (double)send_chunks(c, c->step[step].send_block) * chunk_lost);
+    return fewest_copies(step_lost * rate, rate, END_WAIT_RISK / (double)c->schedule.steps, most);
 }
 
 /* How long a round that lost nothing usually waits for its last verdict: smoothed as TCP smooths
